@@ -1,0 +1,57 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+
+	"marina.dev/marina/internal/manager"
+)
+
+func newControllerCommand() *cobra.Command {
+	var kubeconfig string
+	opts := manager.Options{
+		LeaderElection:          true,
+		LeaderElectionNamespace: "marina-system",
+		MetricsAddr:             ":8080",
+		HealthAddr:              ":8081",
+	}
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run marina's controllers against an existing Kubernetes cluster",
+		Long: `controller runs the same controllers as marina up against any Kubernetes
+cluster that has marina's CRDs installed (kubectl apply -k config/default).
+Replicas elect a leader, so only one acts at a time. Without --kubeconfig it
+uses the in-cluster configuration, as in the Deployment under config/.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+			if err != nil {
+				return fmt.Errorf("loading kubeconfig: %w", err)
+			}
+			mgr, err := manager.New(cfg, opts)
+			if err != nil {
+				return err
+			}
+			if opts.HealthAddr != "0" {
+				if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+					return err
+				}
+				if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+					return err
+				}
+			}
+			return mgr.Start(ctrl.SetupSignalHandler())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to run against (default: in-cluster)")
+	f.BoolVar(&opts.LeaderElection, "leader-elect", opts.LeaderElection, "elect a leader among replicas")
+	f.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader election Lease")
+	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, `address of the metrics endpoint ("0" disables it)`)
+	f.StringVar(&opts.HealthAddr, "health-probe-bind-address", opts.HealthAddr, `address of /healthz and /readyz ("0" disables them)`)
+	return cmd
+}

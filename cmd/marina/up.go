@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"marina.dev/marina/internal/crds"
+	"marina.dev/marina/internal/manager"
+	"marina.dev/marina/internal/plane"
+	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/tools"
+)
+
+func newUpCommand() *cobra.Command {
+	pinned := tools.Pinned()
+	opts := plane.Options{
+		StateDir:    envOr("MARINA_STATE_DIR", defaultStateDir()),
+		BinDir:      envOr("MARINA_BIN_DIR", defaultBinDir()),
+		KubeVersion: pinned.NewestKube(),
+		EtcdVersion: pinned.Etcd,
+		APIPort:     plane.DefaultAPIPort,
+		EtcdPort:    plane.DefaultEtcdPort,
+	}
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run the embedded management plane (etcd, kube-apiserver, controllers) until interrupted",
+		Long: `up starts a real etcd and kube-apiserver on loopback from the binaries that
+make setup built, installs marina's CRDs, and runs every marina controller in
+this process. State, including every object, lives in the state directory and
+survives a restart. Stop it with Ctrl-C (SIGINT) or SIGTERM.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runUp(ctx, cmd, opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.StateDir, "state-dir", opts.StateDir, "directory holding the management plane's data, certificates and kubeconfig (env MARINA_STATE_DIR)")
+	f.StringVar(&opts.BinDir, "bin-dir", opts.BinDir, "directory holding the components built by make setup (env MARINA_BIN_DIR)")
+	f.StringVar(&opts.KubeVersion, "kube-version", opts.KubeVersion, fmt.Sprintf("Kubernetes release of the management plane, one of %v", pinned.Kube))
+	f.IntVar(&opts.APIPort, "api-port", opts.APIPort, "kube-apiserver port on 127.0.0.1")
+	f.IntVar(&opts.EtcdPort, "etcd-port", opts.EtcdPort, "etcd client port on 127.0.0.1 (the peer port is the next one)")
+	return cmd
+}
+
+func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options) error {
+	out := cmd.OutOrStdout()
+	opts.Progress = out
+	p, err := plane.Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Fprintln(out, "stopping the management plane")
+		if err := p.Stop(); err != nil {
+			fmt.Fprintln(cmd.ErrOrStderr(), "Error:", err)
+		}
+	}()
+
+	c, err := client.New(p.Config(), client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return fmt.Errorf("building client: %w", err)
+	}
+	if err := crds.Install(ctx, c); err != nil {
+		return fmt.Errorf("installing marina's CRDs: %w", err)
+	}
+	mgr, err := manager.New(p.Config(), manager.Options{MetricsAddr: "0", HealthAddr: "0"})
+	if err != nil {
+		return err
+	}
+	mgrCtx, stopManager := context.WithCancel(ctx)
+	defer stopManager()
+	mgrDone := make(chan error, 1)
+	go func() { mgrDone <- mgr.Start(mgrCtx) }()
+
+	fmt.Fprintf(out, "\nThe marina management plane is up (Kubernetes %s).\n", opts.KubeVersion)
+	fmt.Fprintf(out, "  export KUBECONFIG=%s\n", p.AdminKubeconfig())
+	fmt.Fprintf(out, "  kubectl get marina\n")
+	fmt.Fprintf(out, "Press Ctrl-C to stop; everything is kept in %s.\n", opts.StateDir)
+
+	select {
+	case <-ctx.Done():
+		stopManager()
+		if err := <-mgrDone; err != nil {
+			return fmt.Errorf("controllers: %w", err)
+		}
+		return nil
+	case <-p.Failed():
+		stopManager()
+		<-mgrDone
+		return fmt.Errorf("the management plane failed: %w", p.Err())
+	case err := <-mgrDone:
+		if err == nil {
+			err = errors.New("stopped unexpectedly")
+		}
+		return fmt.Errorf("controllers: %w", err)
+	}
+}

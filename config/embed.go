@@ -1,0 +1,13 @@
+// Package config holds marina's deployment manifests (kustomize) and embeds
+// the generated CRDs so that `marina up` installs exactly what the tests use.
+package config
+
+import "embed"
+
+// CRDs holds the generated CustomResourceDefinitions (crd/bases/*.yaml).
+//
+//go:embed crd/bases
+var CRDs embed.FS
+
+// CRDDir is the directory inside CRDs that holds the YAML files.
+const CRDDir = "crd/bases"

@@ -1,0 +1,75 @@
+package plane
+
+import (
+	"fmt"
+	"path/filepath"
+)
+
+func (p *Plane) pkiFile(name string) string { return filepath.Join(p.state.pki(), name) }
+
+func (p *Plane) etcdArgs() []string {
+	client := fmt.Sprintf("https://%s:%d", host, p.opts.EtcdPort)
+	peer := fmt.Sprintf("https://%s:%d", host, p.opts.EtcdPort+1)
+	return []string{
+		"--name=marina",
+		"--data-dir=" + p.state.etcdData(),
+		"--listen-client-urls=" + client,
+		"--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer,
+		"--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=marina=" + peer,
+		// Clients and peers both present certificates from the plane's CA: any
+		// local user can reach loopback, so loopback alone is no protection.
+		"--cert-file=" + p.pkiFile("etcd.crt"),
+		"--key-file=" + p.pkiFile("etcd.key"),
+		"--trusted-ca-file=" + p.pkiFile("ca.crt"),
+		"--client-cert-auth",
+		"--peer-cert-file=" + p.pkiFile("etcd.crt"),
+		"--peer-key-file=" + p.pkiFile("etcd.key"),
+		"--peer-trusted-ca-file=" + p.pkiFile("ca.crt"),
+		"--peer-client-cert-auth",
+		"--log-level=warn",
+	}
+}
+
+func (p *Plane) apiserverArgs() []string {
+	return []string{
+		fmt.Sprintf("--etcd-servers=https://%s:%d", host, p.opts.EtcdPort),
+		"--etcd-cafile=" + p.pkiFile("ca.crt"),
+		"--etcd-certfile=" + p.pkiFile("apiserver-etcd-client.crt"),
+		"--etcd-keyfile=" + p.pkiFile("apiserver-etcd-client.key"),
+		"--bind-address=" + host,
+		"--advertise-address=" + host,
+		fmt.Sprintf("--secure-port=%d", p.opts.APIPort),
+		"--tls-cert-file=" + p.pkiFile("apiserver.crt"),
+		"--tls-private-key-file=" + p.pkiFile("apiserver.key"),
+		"--client-ca-file=" + p.pkiFile("ca.crt"),
+		// Client certificates are the only way in: no anonymous requests, no
+		// static tokens; RBAC decides what each authenticated user may do.
+		"--anonymous-auth=false",
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file=" + p.pkiFile("sa.pub"),
+		"--service-account-signing-key-file=" + p.pkiFile("sa.key"),
+		"--service-cluster-ip-range=10.96.0.0/24",
+		// The kubernetes Service cannot point at loopback, and nothing in a
+		// management plane needs it to.
+		"--endpoint-reconciler-type=none",
+		"--profiling=false",
+		"--v=0",
+	}
+}
+
+func (p *Plane) controllerManagerArgs() []string {
+	return []string{
+		"--kubeconfig=" + p.state.kubeconfig("controller-manager"),
+		// Only what a management plane needs: owner references cascade
+		// (garbage collector), namespaces delete with their contents, and new
+		// namespaces get their default service account.
+		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller",
+		"--leader-elect=false",
+		// No HTTPS endpoint: nothing scrapes it, and it would be one more port.
+		"--secure-port=0",
+		"--v=0",
+	}
+}

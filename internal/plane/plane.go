@@ -1,0 +1,246 @@
+package plane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Default loopback ports. They differ from the usual 6443/2379 so that
+// marina runs beside a local Kubernetes without a clash.
+const (
+	DefaultAPIPort  = 7443
+	DefaultEtcdPort = 7379
+)
+
+// Options configure a management plane.
+type Options struct {
+	// StateDir holds everything the plane owns (see stateDir).
+	StateDir string
+	// BinDir holds the pinned components built by make setup.
+	BinDir string
+	// KubeVersion and EtcdVersion select bin/<component>-<version>.
+	KubeVersion string
+	EtcdVersion string
+	// APIPort is kube-apiserver's port; EtcdPort is etcd's client port, and
+	// EtcdPort+1 its peer port. All listen on 127.0.0.1 only.
+	APIPort  int
+	EtcdPort int
+	// Progress receives human-readable progress lines; nil discards them.
+	Progress io.Writer
+}
+
+// Plane is a running management plane.
+type Plane struct {
+	opts     Options
+	state    stateDir
+	lockFile *os.File
+	spawner  *spawner
+	children []*child // in start order
+	config   *rest.Config
+	failed   chan struct{} // closed when a child exits on its own
+	failure  error
+}
+
+// host is where every component listens.
+const host = "127.0.0.1"
+
+// Start brings the management plane up and returns once the API server is
+// ready. On error everything started so far is stopped again.
+func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
+	if opts.Progress == nil {
+		opts.Progress = io.Discard
+	}
+	p := &Plane{opts: opts, state: stateDir(opts.StateDir), failed: make(chan struct{})}
+	if err := p.checkBinaries(); err != nil {
+		return nil, err
+	}
+	if err := p.state.prepare(); err != nil {
+		return nil, err
+	}
+	if p.lockFile, err = p.state.lock(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = p.Stop()
+		}
+	}()
+	if err := checkPortsFree(opts.APIPort, opts.EtcdPort, opts.EtcdPort+1); err != nil {
+		return nil, err
+	}
+	certs, err := p.state.ensurePKI(time.Now())
+	if err != nil {
+		return nil, err
+	}
+	server := "https://" + net.JoinHostPort(host, strconv.Itoa(opts.APIPort))
+	if err := p.state.writeKubeconfig(p.state.AdminKubeconfig(), server, certs.ca, "admin"); err != nil {
+		return nil, err
+	}
+	if err := p.state.writeKubeconfig(p.state.kubeconfig("controller-manager"), server, certs.ca, "controller-manager"); err != nil {
+		return nil, err
+	}
+	if p.config, err = clientcmd.BuildConfigFromFlags("", p.state.AdminKubeconfig()); err != nil {
+		return nil, fmt.Errorf("loading %s: %w", p.state.AdminKubeconfig(), err)
+	}
+
+	p.spawner = newSpawner()
+	if err := p.startChild("etcd", p.etcdArgs()); err != nil {
+		return nil, err
+	}
+	if err := p.startChild("kube-apiserver", p.apiserverArgs()); err != nil {
+		return nil, err
+	}
+	if err := p.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	if err := p.startChild("kube-controller-manager", p.controllerManagerArgs()); err != nil {
+		return nil, err
+	}
+	go p.watchChildren()
+	return p, nil
+}
+
+// Config reaches the API server as the administrator.
+func (p *Plane) Config() *rest.Config { return rest.CopyConfig(p.config) }
+
+// AdminKubeconfig is the path of the administrator's kubeconfig.
+func (p *Plane) AdminKubeconfig() string { return p.state.AdminKubeconfig() }
+
+// Failed is closed when a component exits on its own; Err then says which
+// and why.
+func (p *Plane) Failed() <-chan struct{} { return p.failed }
+
+// Err is the reason the plane failed, once Failed is closed.
+func (p *Plane) Err() error { return p.failure }
+
+// PIDs returns the process ID of every component, by name.
+func (p *Plane) PIDs() map[string]int {
+	pids := map[string]int{}
+	for _, c := range p.children {
+		pids[c.name] = c.cmd.Process.Pid
+	}
+	return pids
+}
+
+// Stop stops the components in reverse start order and releases the state
+// directory. It is safe to call more than once.
+func (p *Plane) Stop() error {
+	var errs []error
+	for i := len(p.children) - 1; i >= 0; i-- {
+		if err := p.children[i].stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	p.children = nil
+	if p.spawner != nil {
+		p.spawner.close()
+		p.spawner = nil
+	}
+	if p.lockFile != nil {
+		p.lockFile.Close()
+		p.lockFile = nil
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Plane) bin(component, version string) string {
+	return filepath.Join(p.opts.BinDir, component+"-"+version)
+}
+
+func (p *Plane) checkBinaries() error {
+	for _, b := range []string{
+		p.bin("etcd", p.opts.EtcdVersion),
+		p.bin("kube-apiserver", p.opts.KubeVersion),
+		p.bin("kube-controller-manager", p.opts.KubeVersion),
+	} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s is missing: run `make setup` in the marina checkout to build it, "+
+				"or point --bin-dir (MARINA_BIN_DIR) at a directory that has it", b)
+		}
+	}
+	return nil
+}
+
+// checkPortsFree fails early, naming the port and the fix, rather than letting
+// a component die with "address already in use" in its log.
+func checkPortsFree(ports ...int) error {
+	for _, port := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return fmt.Errorf("port %d on %s is already in use (another marina up, or another program): "+
+				"stop it, or choose other ports with --api-port and --etcd-port: %w", port, host, err)
+		}
+		l.Close()
+	}
+	return nil
+}
+
+func (p *Plane) startChild(name string, args []string) error {
+	version := p.opts.KubeVersion
+	if name == "etcd" {
+		version = p.opts.EtcdVersion
+	}
+	fmt.Fprintf(p.opts.Progress, "starting %s %s (log: %s)\n", name, version, p.state.log(name))
+	c, err := p.spawner.startChild(name, p.bin(name, version), args, p.state.log(name))
+	if err != nil {
+		return err
+	}
+	p.children = append(p.children, c)
+	return nil
+}
+
+// watchChildren reports the first component that exits while the plane runs.
+func (p *Plane) watchChildren() {
+	cases := make(chan *child, len(p.children))
+	for _, c := range p.children {
+		go func() { <-c.done; cases <- c }()
+	}
+	c := <-cases
+	p.failure = c.exitError()
+	close(p.failed)
+}
+
+// waitReady polls /readyz until the API server answers ok, failing fast when a
+// component exits, and prints a progress line every few seconds.
+func (p *Plane) waitReady(ctx context.Context) error {
+	cs, err := kubernetes.NewForConfig(p.Config())
+	if err != nil {
+		return fmt.Errorf("building client: %w", err)
+	}
+	start := time.Now()
+	lastReport := start
+	var lastErr error
+	for {
+		for _, c := range p.children {
+			if c.exited() {
+				return c.exitError()
+			}
+		}
+		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil && string(body) == "ok" {
+			fmt.Fprintf(p.opts.Progress, "kube-apiserver is ready (%s)\n", time.Since(start).Round(100*time.Millisecond))
+			return nil
+		}
+		lastErr = err
+		if time.Since(lastReport) >= 3*time.Second {
+			fmt.Fprintf(p.opts.Progress, "waiting for kube-apiserver to become ready (%s)\n", time.Since(start).Round(time.Second))
+			lastReport = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for kube-apiserver to become ready: %w (last error: %v)", ctx.Err(), lastErr)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,211 @@
+package plane
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"marina.dev/marina/internal/pki"
+)
+
+// stateDir is the layout of a management plane's state directory:
+//
+//	admin.kubeconfig           the administrator's kubeconfig (0600)
+//	lock                       held by the running marina (flock), holds its PID
+//	pki/                       CA, serving and client certificates, keys (0600)
+//	etcd/                      etcd's data: every object lives here
+//	kubeconfigs/               component kubeconfigs (0600)
+//	logs/<component>.log       component output (0600)
+type stateDir string
+
+func (d stateDir) path(elem ...string) string {
+	return filepath.Join(append([]string{string(d)}, elem...)...)
+}
+
+func (d stateDir) pki() string      { return d.path("pki") }
+func (d stateDir) etcdData() string { return d.path("etcd") }
+
+// AdminKubeconfig is the path of the administrator's kubeconfig.
+func (d stateDir) AdminKubeconfig() string { return d.path("admin.kubeconfig") }
+
+func (d stateDir) kubeconfig(component string) string {
+	return d.path("kubeconfigs", component+".kubeconfig")
+}
+
+func (d stateDir) log(component string) string { return d.path("logs", component+".log") }
+
+// corrupt wraps an error about unreadable state with the fix.
+func (d stateDir) corrupt(what string, err error) error {
+	return fmt.Errorf("state directory %s is corrupt: %s: %w; restore it from a backup, "+
+		"or move it away to start a new, empty management plane", string(d), what, err)
+}
+
+// prepare creates the directories with private modes.
+func (d stateDir) prepare() error {
+	for _, dir := range []string{string(d), d.pki(), d.path("kubeconfigs"), d.path("logs")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("creating state directory %s: %w", dir, err)
+		}
+	}
+	// etcd refuses a data directory that others can read.
+	if err := os.MkdirAll(d.etcdData(), 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", d.etcdData(), err)
+	}
+	return nil
+}
+
+// lock takes an exclusive lock on the state directory so that two marina
+// processes never run one management plane twice. The lock is released by
+// the kernel when the process dies, however it dies.
+func (d stateDir) lock() (*os.File, error) {
+	f, err := os.OpenFile(d.path("lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(f.Name())
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("state directory %s is in use by another marina (pid %s): "+
+				"stop it first, or choose another directory with --state-dir", string(d), strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
+}
+
+// certs are the management plane's certificates.
+type certs struct {
+	ca *pki.KeyPair
+}
+
+// leaf describes one certificate the plane needs, written as pki/<name>.{crt,key}.
+type leaf struct {
+	name string
+	spec pki.CertSpec
+}
+
+var loopback = []net.IP{net.ParseIP("127.0.0.1")}
+
+// leaves are issued from the plane's CA. Client certificates carry the user
+// (CN) and groups (O) the API server authorizes with RBAC; the bootstrap
+// policy already grants system:kube-controller-manager what it needs.
+var leaves = []leaf{
+	{"etcd", pki.CertSpec{CommonName: "etcd", DNSNames: []string{"localhost"}, IPs: loopback, Usage: pki.ServerAuth | pki.ClientAuth}},
+	{"apiserver", pki.CertSpec{CommonName: "kube-apiserver", DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}, IPs: loopback, Usage: pki.ServerAuth}},
+	{"apiserver-etcd-client", pki.CertSpec{CommonName: "kube-apiserver-etcd-client", Usage: pki.ClientAuth}},
+	{"admin", pki.CertSpec{CommonName: "marina-admin", Organizations: []string{"system:masters"}, Usage: pki.ClientAuth}},
+	{"controller-manager", pki.CertSpec{CommonName: "system:kube-controller-manager", Usage: pki.ClientAuth}},
+}
+
+// ensurePKI loads the CA, generating it on first start, and (re)issues every
+// leaf certificate that is missing or near expiry. A CA that exists but cannot
+// be read is corruption, never a reason to silently make a new one: every
+// client of the plane trusts the old CA.
+func (d stateDir) ensurePKI(now time.Time) (*certs, error) {
+	ca, err := pki.Load(d.pki(), "ca")
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if _, statErr := os.Stat(filepath.Join(d.pki(), "ca.crt")); statErr == nil {
+			return nil, d.corrupt("pki/ca.key is missing", err)
+		}
+		if ca, err = pki.NewCA("marina-management-plane"); err != nil {
+			return nil, err
+		}
+		if err := ca.Write(d.pki(), "ca"); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, d.corrupt("pki/ca", err)
+	}
+	for _, l := range leaves {
+		kp, err := pki.Load(d.pki(), l.name)
+		if err == nil && !pki.NeedsRenewal(kp.Cert, now) && kp.Cert.CheckSignatureFrom(ca.Cert) == nil {
+			continue
+		}
+		if kp, err = ca.Issue(l.spec); err != nil {
+			return nil, err
+		}
+		if err := kp.Write(d.pki(), l.name); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.ensureServiceAccountKey(); err != nil {
+		return nil, err
+	}
+	return &certs{ca: ca}, nil
+}
+
+// ensureServiceAccountKey creates the key pair that signs service account
+// tokens; it is kept across restarts so issued tokens stay valid.
+func (d stateDir) ensureServiceAccountKey() error {
+	keyPath := filepath.Join(d.pki(), "sa.key")
+	pubPath := filepath.Join(d.pki(), "sa.pub")
+	if data, err := os.ReadFile(keyPath); err == nil {
+		if block, _ := pem.Decode(data); block == nil {
+			return d.corrupt("pki/sa.key", errors.New("no PEM block"))
+		}
+		if _, err := os.Stat(pubPath); err == nil {
+			return nil
+		}
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("generating service account key: %w", err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("encoding service account key: %w", err)
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		return fmt.Errorf("encoding service account public key: %w", err)
+	}
+	if err := pki.WriteFileAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})); err != nil {
+		return err
+	}
+	return pki.WriteFileAtomic(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}))
+}
+
+// writeKubeconfig writes a kubeconfig (0600) that reaches server as the
+// client certificate pki/<certName>, with the certificate data embedded so
+// the file works on its own.
+func (d stateDir) writeKubeconfig(path, server string, ca *pki.KeyPair, certName string) error {
+	client, err := pki.Load(d.pki(), certName)
+	if err != nil {
+		return d.corrupt("pki/"+certName, err)
+	}
+	keyPEM, err := client.KeyPEM()
+	if err != nil {
+		return err
+	}
+	const name = "marina"
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca.CertPEM()}
+	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{ClientCertificateData: client.CertPEM(), ClientKeyData: keyPEM}
+	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
+	cfg.CurrentContext = name
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return fmt.Errorf("encoding kubeconfig %s: %w", path, err)
+	}
+	return pki.WriteFileAtomic(path, data)
+}
