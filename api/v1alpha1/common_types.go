@@ -1,0 +1,93 @@
+package v1alpha1
+
+// Well-known labels and annotations.
+const (
+	// ClusterNameLabel is set by marina on every Machine, MachineSet and
+	// MachineDeployment to the name of the Cluster it belongs to, so that
+	// `kubectl get machines -l cluster.marina.dev/cluster-name=prod` works.
+	ClusterNameLabel = GroupName + "/cluster-name"
+
+	// AutoscalerMinSizeAnnotation on a MachineSet or MachineDeployment is the
+	// smallest number of replicas a cluster autoscaler may scale it down to
+	// (a non-negative integer, "0" allows scale to zero) (M7).
+	AutoscalerMinSizeAnnotation = GroupName + "/autoscaler-min-size"
+
+	// AutoscalerMaxSizeAnnotation on a MachineSet or MachineDeployment is the
+	// largest number of replicas a cluster autoscaler may scale it up to (a
+	// non-negative integer, at least the min size). A node group without both
+	// annotations is not autoscaled (M7).
+	AutoscalerMaxSizeAnnotation = GroupName + "/autoscaler-max-size"
+
+	// PausedAnnotation on any marina object stops its controller from changing
+	// it or the world on its behalf until the annotation is removed; for a
+	// whole cluster, set Cluster.spec.paused instead.
+	PausedAnnotation = GroupName + "/paused"
+)
+
+// KubernetesVersion is a Kubernetes release version as its components report
+// it, with a leading "v": v1.37.2, or a pre-release such as v1.38.0-rc.1.
+//
+// +kubebuilder:validation:MinLength=6
+// +kubebuilder:validation:MaxLength=64
+// +kubebuilder:validation:XValidation:rule="self.matches('^v(0|[1-9][0-9]*)[.](0|[1-9][0-9]*)[.](0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$')",message="must be a Kubernetes release version like v1.37.2: a leading v, then major.minor.patch"
+type KubernetesVersion string
+
+// CIDR is an IPv4 or IPv6 network in CIDR notation, like 10.244.0.0/16 or
+// fd00:10:244::/56, written with its host bits zero.
+//
+// +kubebuilder:validation:MaxLength=43
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a network in CIDR notation like 10.244.0.0/16 or fd00::/64"
+// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="must be written with its host bits zero: use the network address, e.g. 10.244.0.0/16 rather than 10.244.1.7/16"
+type CIDR string
+
+// MachineRole is a role a machine plays in its cluster.
+//
+// +kubebuilder:validation:Enum=ControlPlane;Worker
+type MachineRole string
+
+const (
+	// ControlPlaneRole machines run the control plane: kube-apiserver,
+	// kube-controller-manager, kube-scheduler and, with stacked etcd, an etcd
+	// member. They are tainted unschedulable unless they are also workers.
+	ControlPlaneRole MachineRole = "ControlPlane"
+	// WorkerRole machines run the cluster's workloads.
+	WorkerRole MachineRole = "Worker"
+)
+
+// MachineClassReference names a MachineClass.
+type MachineClassReference struct {
+	// name of the cluster-scoped MachineClass (`kubectl get machineclasses`).
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// SecretReference names a Secret in the namespace of the object that holds
+// the reference.
+type SecretReference struct {
+	// name of the Secret, in the same namespace as the referring object.
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// ComponentVersions are the versions of the control-plane components.
+type ComponentVersions struct {
+	// apiServer is the version of kube-apiserver.
+	// +optional
+	APIServer string `json:"apiServer,omitempty"`
+	// controllerManager is the version of kube-controller-manager.
+	// +optional
+	ControllerManager string `json:"controllerManager,omitempty"`
+	// scheduler is the version of kube-scheduler.
+	// +optional
+	Scheduler string `json:"scheduler,omitempty"`
+	// etcd is the version of the etcd member on this machine (stacked etcd),
+	// for example v3.6.16; empty with external etcd.
+	// +optional
+	Etcd string `json:"etcd,omitempty"`
+}

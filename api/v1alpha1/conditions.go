@@ -1,0 +1,231 @@
+package v1alpha1
+
+// Condition types and reasons of marina's objects. Every condition is a
+// metav1.Condition whose type is one of these constants; a condition a user
+// can see carries a message saying what to do. Types are positive ("Ready",
+// not "NotReady"): True is the good state.
+
+// Conditions shared by several kinds.
+const (
+	// ReadyCondition summarises an object's other conditions: True when the
+	// object is fully working. Every marina kind with a status sets it.
+	ReadyCondition = "Ready"
+
+	// PausedCondition is True while the object or its cluster is paused and
+	// its controller leaves it alone.
+	PausedCondition = "Paused"
+
+	// PausedReason: Cluster.spec.paused or the paused annotation is set.
+	PausedReason = "Paused"
+	// NotPausedReason: the object is reconciled normally.
+	NotPausedReason = "NotPaused"
+	// DeletingReason: the object is being deleted.
+	DeletingReason = "Deleting"
+	// WaitingForClusterReason: the object waits for its Cluster, which is
+	// missing or not yet provisioned.
+	WaitingForClusterReason = "WaitingForCluster"
+)
+
+// Machine conditions.
+const (
+	// MachineProviderSpecResolvedCondition is True when the machine's provider
+	// configuration is known: its class was found and its overrides merged
+	// (M5), or it has a full providerSpec and no class.
+	MachineProviderSpecResolvedCondition = "ProviderSpecResolved"
+
+	// MachineProviderSpecResolvedReason: the provider configuration is known.
+	MachineProviderSpecResolvedReason = "Resolved"
+	// MachineClassNotFoundReason: spec.classRef names no MachineClass.
+	MachineClassNotFoundReason = "ClassNotFound"
+	// MachineOverrideNotAllowedReason: the machine's providerSpec sets a field
+	// its class does not list in allowedOverrides, or names another kind.
+	MachineOverrideNotAllowedReason = "OverrideNotAllowed"
+
+	// MachineProvisionedCondition is True once the provider has created the
+	// real machine and reported its providerID.
+	MachineProvisionedCondition = "Provisioned"
+
+	// MachineProvisionedReason: the real machine exists.
+	MachineProvisionedReason = "Provisioned"
+	// MachineProvisioningReason: the provider is creating the machine.
+	MachineProvisioningReason = "Provisioning"
+	// MachineProviderNotFoundReason: no running provider owns the kind of the
+	// machine's providerSpec (M2); install or start that provider.
+	MachineProviderNotFoundReason = "ProviderNotFound"
+	// MachineProvisioningFailedReason: the provider failed to create the
+	// machine; the message has its error.
+	MachineProvisioningFailedReason = "ProvisioningFailed"
+	// MachineWaitingForControlPlaneReason: a worker waits until the cluster's
+	// control plane answers before it joins (M10).
+	MachineWaitingForControlPlaneReason = "WaitingForControlPlane"
+
+	// MachineNodeReadyCondition mirrors the Ready condition of the machine's
+	// Node in the workload cluster.
+	MachineNodeReadyCondition = "NodeReady"
+
+	// MachineNodeReadyReason: the Node is Ready.
+	MachineNodeReadyReason = "NodeReady"
+	// MachineNodeNotReadyReason: the Node exists but is not Ready.
+	MachineNodeNotReadyReason = "NodeNotReady"
+	// MachineNodeNotFoundReason: no Node with the machine's providerID has
+	// registered yet, or it has been deleted.
+	MachineNodeNotFoundReason = "NodeNotFound"
+
+	// MachineUpToDateCondition is True when every component of the machine
+	// runs the version its spec asks for.
+	MachineUpToDateCondition = "UpToDate"
+
+	// MachineUpToDateReason: observed versions equal spec.versions.
+	MachineUpToDateReason = "UpToDate"
+	// MachineUpgradingReason: an in-place upgrade of the machine is under way.
+	MachineUpgradingReason = "Upgrading"
+
+	// MachineDrainedCondition is True when the machine's Node has been
+	// cordoned and its pods evicted before deletion.
+	MachineDrainedCondition = "Drained"
+
+	// MachineDrainingReason: pods are being evicted.
+	MachineDrainingReason = "Draining"
+	// MachineDrainedReason: the Node is empty of evictable pods.
+	MachineDrainedReason = "Drained"
+	// MachineDrainBlockedReason: evictions are refused, usually by a
+	// PodDisruptionBudget; the message names the pods.
+	MachineDrainBlockedReason = "DrainBlocked"
+	// MachineDrainTimeoutReason: draining took too long and the machine is
+	// deleted anyway.
+	MachineDrainTimeoutReason = "DrainTimeout"
+
+	// MachineHealthCheckSucceededCondition is set by a MachineHealthCheck:
+	// False when the machine is unhealthy by its rules.
+	MachineHealthCheckSucceededCondition = "HealthCheckSucceeded"
+
+	// MachineHealthyReason: no unhealthy condition holds.
+	MachineHealthyReason = "Healthy"
+	// MachineUnhealthyNodeConditionReason: a Node condition of the health
+	// check's unhealthyConditions held longer than its timeout.
+	MachineUnhealthyNodeConditionReason = "UnhealthyNodeCondition"
+	// MachineNodeStartupTimeoutReason: the Node did not register within
+	// nodeStartupTimeout.
+	MachineNodeStartupTimeoutReason = "NodeStartupTimeout"
+)
+
+// Cluster conditions.
+const (
+	// ClusterCertificatesAvailableCondition is True when the cluster's CA
+	// (generated, or the user's from caSecretRef) and certificates exist (M15).
+	ClusterCertificatesAvailableCondition = "CertificatesAvailable"
+
+	// ClusterCertificatesAvailableReason: the certificates exist.
+	ClusterCertificatesAvailableReason = "CertificatesAvailable"
+	// ClusterCASecretInvalidReason: the Secret named by caSecretRef is missing
+	// or holds no usable CA key pair.
+	ClusterCASecretInvalidReason = "CASecretInvalid"
+
+	// ClusterControlPlaneInitializedCondition is True once the first
+	// control-plane machine has initialised the cluster (M10); it never goes
+	// back to False.
+	ClusterControlPlaneInitializedCondition = "ControlPlaneInitialized"
+
+	// ClusterControlPlaneInitializedReason: the first control plane answered.
+	ClusterControlPlaneInitializedReason = "Initialized"
+	// ClusterWaitingForControlPlaneReason: the first control-plane machine is
+	// still coming up.
+	ClusterWaitingForControlPlaneReason = "WaitingForControlPlane"
+
+	// ClusterControlPlaneReadyCondition is True when every control-plane
+	// machine runs healthy components.
+	ClusterControlPlaneReadyCondition = "ControlPlaneReady"
+
+	// ClusterControlPlaneReadyReason: all control-plane machines are healthy.
+	ClusterControlPlaneReadyReason = "ControlPlaneReady"
+	// ClusterControlPlaneScalingReason: control-plane machines are being added
+	// or removed.
+	ClusterControlPlaneScalingReason = "Scaling"
+	// ClusterControlPlaneUnhealthyReason: a control-plane component is not
+	// healthy; the message names the machine and component.
+	ClusterControlPlaneUnhealthyReason = "ComponentUnhealthy"
+
+	// ClusterEtcdHealthyCondition is True when every etcd member is healthy
+	// and the cluster has quorum (M14).
+	ClusterEtcdHealthyCondition = "EtcdHealthy"
+
+	// ClusterEtcdHealthyReason: all members are healthy.
+	ClusterEtcdHealthyReason = "EtcdHealthy"
+	// ClusterEtcdMemberUnhealthyReason: a member is unhealthy; the message
+	// names it.
+	ClusterEtcdMemberUnhealthyReason = "MemberUnhealthy"
+	// ClusterEtcdUnreachableReason: the external etcd endpoints do not answer.
+	ClusterEtcdUnreachableReason = "Unreachable"
+
+	// ClusterUpgradeProgressingCondition is True while a control-plane
+	// upgrade is under way (M11, M12); its message names the current step.
+	ClusterUpgradeProgressingCondition = "UpgradeProgressing"
+
+	// ClusterUpgradingReason: a step of the upgrade is being carried out.
+	ClusterUpgradingReason = "Upgrading"
+	// ClusterUpgradeCompleteReason: every component runs spec version.
+	ClusterUpgradeCompleteReason = "UpgradeComplete"
+	// ClusterUpgradeStepTimeoutReason: a step did not become healthy within
+	// upgradeStrategy.stepTimeout; the upgrade is stopped.
+	ClusterUpgradeStepTimeoutReason = "StepTimeout"
+	// ClusterUnsupportedUpgradeReason: no upgrade procedure exists for the
+	// observed and desired versions (M19).
+	ClusterUnsupportedUpgradeReason = "UnsupportedUpgrade"
+)
+
+// MachineSet and MachineDeployment conditions.
+const (
+	// MachinesReadyCondition is True when every machine of the set or
+	// deployment is Ready.
+	MachinesReadyCondition = "MachinesReady"
+
+	// MachinesReadyReason: all machines are Ready.
+	MachinesReadyReason = "MachinesReady"
+	// MachinesNotReadyReason: some machines are not Ready; the message says
+	// how many.
+	MachinesNotReadyReason = "MachinesNotReady"
+
+	// AvailableCondition is True when at least replicas - maxUnavailable
+	// machines are available.
+	AvailableCondition = "Available"
+
+	// AvailableReason: enough machines are available.
+	AvailableReason = "Available"
+	// NotEnoughAvailableReason: fewer machines are available than required.
+	NotEnoughAvailableReason = "NotEnoughAvailable"
+
+	// RollingOutCondition is True while a MachineDeployment replaces machines
+	// built from an older template.
+	RollingOutCondition = "RollingOut"
+
+	// RollingOutReason: old machines are being replaced.
+	RollingOutReason = "RollingOut"
+	// RolloutCompleteReason: every machine is built from the current template.
+	RolloutCompleteReason = "RolloutComplete"
+
+	// ScalingUpCondition is True while machines are being added.
+	ScalingUpCondition = "ScalingUp"
+	// ScalingDownCondition is True while machines are being removed.
+	ScalingDownCondition = "ScalingDown"
+
+	// ScalingReason: the number of machines differs from replicas.
+	ScalingReason = "Scaling"
+	// NotScalingReason: the number of machines equals replicas.
+	NotScalingReason = "NotScaling"
+	// MachineCreationFailedReason: creating a machine failed; the message has
+	// the API error.
+	MachineCreationFailedReason = "MachineCreationFailed"
+)
+
+// MachineHealthCheck conditions.
+const (
+	// RemediationAllowedCondition is False when more machines are unhealthy
+	// than maxUnhealthy allows, and remediation is stopped.
+	RemediationAllowedCondition = "RemediationAllowed"
+
+	// RemediationAllowedReason: unhealthy machines are within maxUnhealthy.
+	RemediationAllowedReason = "RemediationAllowed"
+	// TooManyUnhealthyReason: more machines are unhealthy than maxUnhealthy;
+	// look for a common cause (network, control plane) before raising it.
+	TooManyUnhealthyReason = "TooManyUnhealthy"
+)

@@ -1,0 +1,21 @@
+package v1alpha1
+
+// Reasons and annotations of the machine lifecycle that the machine
+// controller sets and honours (issue: machines and the provider contract).
+const (
+	// MachineInvalidProviderSpecReason: the provider refused the merged
+	// providerSpec; the message names the field. Fix the machine or its class.
+	MachineInvalidProviderSpecReason = "InvalidProviderSpec"
+	// MachineVanishedReason: the machine had a providerID, but the real
+	// machine no longer exists at its provider. marina does not re-create it.
+	MachineVanishedReason = "MachineVanished"
+	// MachineClusterUnreachableReason: the workload cluster's API server does
+	// not answer; the controller retries with exponential backoff.
+	MachineClusterUnreachableReason = "ClusterUnreachable"
+	// MachineDrainSkippedReason: draining was skipped on request.
+	MachineDrainSkippedReason = "DrainSkipped"
+
+	// ExcludeNodeDrainingAnnotation on a Machine skips draining its Node
+	// before deletion (for a Node that is already gone or must go now).
+	ExcludeNodeDrainingAnnotation = "cluster.marina.dev/exclude-node-draining"
+)
