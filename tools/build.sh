@@ -36,7 +36,9 @@ progress() {
   local what=$1 n=0 start=$SECONDS
   while IFS= read -r line; do
     case $line in
-      *.go:*|*error*|*cannot*) printf '%s\n' "$line" ;;
+      # go build -v prints one import path per package; anything else
+      # (compiler errors, "go: ..." messages) is shown as it is.
+      *' '*|*:*) printf '%s\n' "$line" ;;
       *) n=$((n + 1)); if ((n % 200 == 0)); then log "$what: $n packages compiled ($((SECONDS - start))s)"; fi ;;
     esac
   done

@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -12,7 +14,8 @@ import (
 )
 
 func newControllerCommand() *cobra.Command {
-	var kubeconfig string
+	var kubeconfig, localDir string
+	var externalKinds []string
 	opts := manager.Options{
 		LeaderElection:          true,
 		LeaderElectionNamespace: "marina-system",
@@ -32,7 +35,22 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 			if err != nil {
 				return fmt.Errorf("loading kubeconfig: %w", err)
 			}
-			mgr, err := manager.New(cfg, opts)
+			if localDir != "" {
+				local, err := newLocalProvider(localDir)
+				if err != nil {
+					return err
+				}
+				opts.Providers = append(opts.Providers, local)
+			}
+			for _, k := range externalKinds {
+				gvk, err := parseKind(k)
+				if err != nil {
+					return err
+				}
+				opts.ExternalKinds = append(opts.ExternalKinds, gvk)
+			}
+			ctx := ctrl.SetupSignalHandler()
+			mgr, err := manager.New(ctx, cfg, opts)
 			if err != nil {
 				return err
 			}
@@ -44,14 +62,26 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 					return err
 				}
 			}
-			return mgr.Start(ctrl.SetupSignalHandler())
+			return mgr.Start(ctx)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to run against (default: in-cluster)")
 	f.BoolVar(&opts.LeaderElection, "leader-elect", opts.LeaderElection, "elect a leader among replicas")
 	f.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader election Lease")
+	f.StringVar(&localDir, "local-provider-dir", "", "run the local provider, keeping machine sandboxes in this directory (empty: no local provider)")
+	f.BoolVar(&opts.ReportUnowned, "report-unowned", true, "report machines whose providerSpec kind no provider owns (leave it on in exactly one controller)")
+	f.StringSliceVar(&externalKinds, "external-provider-kinds", nil, "providerSpec kinds owned by provider processes elsewhere, as group/version/Kind (not reported as unowned)")
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, `address of the metrics endpoint ("0" disables it)`)
 	f.StringVar(&opts.HealthAddr, "health-probe-bind-address", opts.HealthAddr, `address of /healthz and /readyz ("0" disables them)`)
 	return cmd
+}
+
+// parseKind parses "group/version/Kind".
+func parseKind(s string) (schema.GroupVersionKind, error) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 3 || parts[1] == "" || parts[2] == "" {
+		return schema.GroupVersionKind{}, fmt.Errorf("kind %q: want group/version/Kind, e.g. ssh.marina.dev/v1alpha1/SSHMachine", s)
+	}
+	return schema.GroupVersionKind{Group: parts[0], Version: parts[1], Kind: parts[2]}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -15,6 +16,8 @@ import (
 	"marina.dev/marina/internal/manager"
 	"marina.dev/marina/internal/plane"
 	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/provider"
+	"marina.dev/marina/provider/local"
 	"marina.dev/marina/tools"
 )
 
@@ -72,7 +75,16 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options) error {
 	if err := crds.Install(ctx, c); err != nil {
 		return fmt.Errorf("installing marina's CRDs: %w", err)
 	}
-	mgr, err := manager.New(p.Config(), manager.Options{MetricsAddr: "0", HealthAddr: "0"})
+	local, err := newLocalProvider(filepath.Join(opts.StateDir, "machines"))
+	if err != nil {
+		return err
+	}
+	mgr, err := manager.New(ctx, p.Config(), manager.Options{
+		MetricsAddr:   "0",
+		HealthAddr:    "0",
+		Providers:     []provider.Provider{local},
+		ReportUnowned: true,
+	})
 	if err != nil {
 		return err
 	}
@@ -103,4 +115,14 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options) error {
 		}
 		return fmt.Errorf("controllers: %w", err)
 	}
+}
+
+// newLocalProvider keeps sandboxes under root and starts their agents with
+// this very binary (marina node-agent).
+func newLocalProvider(root string) (*local.Provider, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
+	}
+	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}})
 }

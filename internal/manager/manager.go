@@ -4,13 +4,17 @@
 package manager
 
 import (
+	"context"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"marina.dev/marina/internal/controller/machine"
 	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/provider"
 )
 
 // Options configure the manager.
@@ -23,16 +27,24 @@ type Options struct {
 	MetricsAddr string
 	// HealthAddr serves /healthz and /readyz; "0" disables them.
 	HealthAddr string
+	// Providers make the real machines; the machine controller acts only on
+	// the providerSpec kinds they own.
+	Providers []provider.Provider
+	// ReportUnowned makes this manager report machines whose kind no
+	// provider owns; ExternalKinds are owned by provider processes elsewhere.
+	ReportUnowned bool
+	ExternalKinds []schema.GroupVersionKind
 }
 
 // LeaderElectionID names the Lease the replicas compete for.
 const LeaderElectionID = "marina-controller-manager"
 
-// New builds a manager with every marina controller registered.
-//
+// Controllers record events in the management plane (config/rbac).
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
+
+// New builds a manager with every marina controller registered.
+func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme.New(),
 		LeaderElection:          opts.LeaderElection,
@@ -47,7 +59,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating controller manager: %w", err)
 	}
-	if err := setupControllers(mgr); err != nil {
+	if err := setupControllers(ctx, mgr, opts); err != nil {
 		return nil, err
 	}
 	return mgr, nil
@@ -55,7 +67,18 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 
 // setupControllers registers each controller with the manager. Controllers
 // arrive with their issues; this list is the one place they are wired in.
-func setupControllers(mgr ctrl.Manager) error {
-	_ = mgr
+func setupControllers(ctx context.Context, mgr ctrl.Manager, opts Options) error {
+	registry, err := provider.NewRegistry(opts.Providers...)
+	if err != nil {
+		return err
+	}
+	if _, err := machine.SetupWithManager(ctx, mgr, machine.Options{
+		Providers:               registry,
+		ReportUnowned:           opts.ReportUnowned,
+		ExternalKinds:           opts.ExternalKinds,
+		MaxConcurrentReconciles: 10,
+	}); err != nil {
+		return err
+	}
 	return nil
 }

@@ -10,8 +10,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,6 +38,8 @@ type Env struct {
 	Scheme *runtime.Scheme
 	// RepoRoot is the root of the marina checkout.
 	RepoRoot string
+	// Kubeconfig reaches the API server as an administrator, as a file's bytes.
+	Kubeconfig []byte
 
 	env *envtest.Environment
 }
@@ -69,8 +74,14 @@ func BinDir() (string, error) {
 }
 
 // Start starts etcd and kube-apiserver of the newest pinned release and
-// installs the CRDs under config/crd/bases.
-func Start() (*Env, error) {
+// installs the CRDs under config/crd/bases: a management plane.
+func Start() (*Env, error) { return start(true) }
+
+// StartWorkload starts an API server without marina's CRDs: a stand-in for a
+// workload cluster's control plane.
+func StartWorkload() (*Env, error) { return start(false) }
+
+func start(withCRDs bool) (*Env, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -82,11 +93,10 @@ func Start() (*Env, error) {
 		}
 	}
 	s := scheme.New()
-	e := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-		Scheme:                s,
+	e := &envtest.Environment{BinaryAssetsDirectory: assets, Scheme: s}
+	if withCRDs {
+		e.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
+		e.ErrorIfCRDPathMissing = true
 	}
 	cfg, err := e.Start()
 	if err != nil {
@@ -97,7 +107,7 @@ func Start() (*Env, error) {
 		_ = e.Stop()
 		return nil, fmt.Errorf("building a client for the test API server: %w", err)
 	}
-	return &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, env: e}, nil
+	return &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, Kubeconfig: e.KubeConfig, env: e}, nil
 }
 
 // Stop stops the API server and etcd and removes their directories.
@@ -163,4 +173,63 @@ func FreePorts(t testing.TB, n int) int {
 	}
 	t.Fatalf("no %d consecutive free ports found on 127.0.0.1", n)
 	return 0
+}
+
+// BuildMarina builds the marina binary into dir and returns its path, for
+// tests that run it as a user would (marina up, marina node-agent).
+func BuildMarina(dir string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "marina")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/marina")
+	cmd.Dir = root
+	if output, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building marina: %w\n%s", err, output)
+	}
+	return out, nil
+}
+
+// StartControllerManager runs the pinned kube-controller-manager against the
+// API server of env with the given controllers, as on any cluster (for
+// example node-lifecycle-controller, so a Node whose kubelet stops
+// heartbeating turns NotReady). It is stopped when the test ends.
+func StartControllerManager(t testing.TB, env *Env, controllers []string, extraArgs ...string) {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.Kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	binDir, err := BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{
+		"--kubeconfig=" + kubeconfig,
+		"--controllers=" + strings.Join(controllers, ","),
+		"--leader-elect=false",
+		"--secure-port=0",
+	}, extraArgs...)
+	cmd := exec.Command(filepath.Join(binDir, "kube-controller-manager-"+tools.Pinned().NewestKube()), args...)
+	logFile, err := os.Create(filepath.Join(dir, "kube-controller-manager.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting kube-controller-manager: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		logFile.Close()
+		if t.Failed() {
+			data, _ := os.ReadFile(logFile.Name())
+			lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+			t.Logf("last lines of kube-controller-manager's log:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
+		}
+	})
 }

@@ -3,8 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"marina.dev/marina/internal/testenv"
@@ -24,17 +22,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(tmp)
-	root, err := testenv.RepoRoot()
-	if err != nil {
+	if marinaBin, err = testenv.BuildMarina(tmp); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	marinaBin = filepath.Join(tmp, "marina")
-	build := exec.Command("go", "build", "-o", marinaBin, "./cmd/marina")
-	build.Dir = root
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building marina:", err)
 		return 1
 	}
 	return m.Run()

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"marina.dev/marina/tools"
+)
+
+func newRootCommand() *cobra.Command {
+	verbosity := 0
+	root := &cobra.Command{
+		Use:           "marina",
+		Short:         "marina declares Kubernetes clusters and machines as objects and makes them real",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRun: func(*cobra.Command, []string) {
+			logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(verbosity)))
+			ctrl.SetLogger(logger)
+			klog.SetLogger(logger)
+		},
+	}
+	root.PersistentFlags().IntVarP(&verbosity, "v", "v", 0, "log verbosity")
+	root.AddCommand(newUpCommand(), newControllerCommand(), newVersionCommand())
+	root.AddCommand(newNodeAgentCommand())
+	return root
+}
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the versions of marina's pinned components",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v := tools.Pinned()
+			fmt.Fprintf(cmd.OutOrStdout(), "etcd %s\nkubernetes %v\n", v.Etcd, v.Kube)
+			return nil
+		},
+	}
+}
+
+// envOr returns the environment variable's value, or def when it is unset.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// defaultStateDir follows the XDG base directory convention:
+// $XDG_STATE_HOME/marina, else ~/.local/state/marina.
+func defaultStateDir() string {
+	if dir := os.Getenv("XDG_STATE_HOME"); dir != "" {
+		return filepath.Join(dir, "marina")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "marina-state")
+	}
+	return filepath.Join(home, ".local", "state", "marina")
+}
+
+// defaultBinDir is the directory of the marina executable: make build puts
+// marina into bin/ beside the components make setup builds.
+func defaultBinDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "bin"
+	}
+	if resolved, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = resolved
+	}
+	return filepath.Dir(exe)
+}

@@ -1,0 +1,54 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"marina.dev/marina/internal/nodeagent"
+	"marina.dev/marina/internal/remote"
+	"marina.dev/marina/provider"
+)
+
+// agentTokenTTL is how long a new machine's agent credential lives.
+const agentTokenTTL = 30 * 24 * time.Hour
+
+// identityCache remembers the workload clusters whose node-agent identity
+// (ServiceAccount and RBAC) is in place, so it is ensured once per cluster
+// and process rather than once per machine.
+type identityCache struct {
+	mu   sync.Mutex
+	done map[string]bool // keyed by API server URL
+}
+
+// bootstrap produces what a new machine needs to join its cluster: the
+// cluster's endpoint and CA, and a token for the node-agent identity in the
+// workload cluster. It never hands out the management plane's credentials,
+// nor the cluster's admin credentials.
+func (r *Reconciler) bootstrap(ctx context.Context, cl *remote.Cluster) (provider.Bootstrap, error) {
+	if err := r.identity.ensure(ctx, cl); err != nil {
+		return provider.Bootstrap{}, err
+	}
+	token, err := nodeagent.IssueToken(ctx, cl.Clientset, agentTokenTTL)
+	if err != nil {
+		return provider.Bootstrap{}, fmt.Errorf("issuing the node agent's token: %w", err)
+	}
+	return provider.Bootstrap{Server: cl.Config.Host, CAData: cl.Config.CAData, Token: token}, nil
+}
+
+func (c *identityCache) ensure(ctx context.Context, cl *remote.Cluster) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done[cl.Config.Host] {
+		return nil
+	}
+	if err := nodeagent.EnsureIdentity(ctx, cl.Clientset); err != nil {
+		return fmt.Errorf("creating the node agent identity in the workload cluster: %w", err)
+	}
+	if c.done == nil {
+		c.done = map[string]bool{}
+	}
+	c.done[cl.Config.Host] = true
+	return nil
+}

@@ -1,0 +1,174 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/remote"
+	"marina.dev/marina/provider"
+)
+
+// Options configure the controller.
+type Options struct {
+	// Providers are the providers this controller dispatches to. It acts only
+	// on machines whose providerSpec kind one of them owns (M2).
+	Providers *provider.Registry
+	// ReportUnowned makes this controller tell, in a condition, that no
+	// provider owns a machine's kind. Exactly one controller per management
+	// plane should do it (marina's own); provider processes leave it off.
+	ReportUnowned bool
+	// ExternalKinds are kinds owned by providers in other processes: the
+	// reporting controller leaves their machines alone.
+	ExternalKinds []schema.GroupVersionKind
+	// MaxConcurrentReconciles bounds parallel reconciles.
+	MaxConcurrentReconciles int
+	// crashAt, in tests only, aborts a reconcile at a named step, as if the
+	// process had been killed there.
+	crashAt func(step string) bool
+}
+
+// Reconciler reconciles Machines.
+type Reconciler struct {
+	client   client.Client
+	clusters *remote.Cache
+	recorder recorder.EventRecorder
+	opts     Options
+	// nodeEvents carries Node changes from workload clusters to the queue.
+	nodeEvents chan event.TypedGenericEvent[*clusterv1.Machine]
+	identity   identityCache
+}
+
+// Field indexes on Machines in the management cache.
+const (
+	clusterNameIndex = "spec.clusterName"
+	classNameIndex   = "spec.classRef.name"
+	providerIDIndex  = "status.providerID"
+)
+
+// errCrash is what a test crash hook returns.
+var errCrash = errors.New("simulated crash")
+
+// What the machine controller may do in the management plane (config/rbac).
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machines/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machineclasses;clusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+
+// SetupWithManager builds the controller and its watches.
+func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Reconciler, error) {
+	if opts.Providers == nil {
+		opts.Providers, _ = provider.NewRegistry()
+	}
+	r := &Reconciler{
+		client:     mgr.GetClient(),
+		recorder:   mgr.GetEventRecorder("machine-controller"),
+		opts:       opts,
+		nodeEvents: make(chan event.TypedGenericEvent[*clusterv1.Machine], 1024),
+	}
+	r.clusters = remote.NewCache(mgr.GetClient(), mgr.GetScheme(), remote.Options{
+		SyncTimeout: 10 * time.Second,
+		OnNodeEvent: r.nodeChanged,
+	})
+	if err := indexMachines(ctx, mgr); err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(stopOnExit{r.clusters}); err != nil {
+		return nil, err
+	}
+	err := ctrl.NewControllerManagedBy(mgr).
+		For(&clusterv1.Machine{}).
+		Named("machine").
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)}).
+		Watches(&clusterv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.machinesForClass)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.machinesForKubeconfig),
+			builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		WatchesRawSource(source.Channel(r.nodeEvents, &handler.TypedEnqueueRequestForObject[*clusterv1.Machine]{})).
+		Complete(r)
+	if err != nil {
+		return nil, fmt.Errorf("building machine controller: %w", err)
+	}
+	return r, nil
+}
+
+// Reconcile makes one machine's world match its spec.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+	m := &clusterv1.Machine{}
+	if err := r.client.Get(ctx, req.NamespacedName, m); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("machine", klog.KObj(m)))
+
+	kind, kindErr := r.kindOf(ctx, m)
+	prov := r.opts.Providers.For(kind)
+	if prov == nil {
+		return r.reconcileUnowned(ctx, m, kind, kindErr)
+	}
+
+	before := m.DeepCopy()
+	defer func() {
+		if errors.Is(retErr, errCrash) {
+			return // a killed process writes nothing more
+		}
+		if err := r.patchStatus(ctx, before, m); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+	if !m.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, m, prov)
+	}
+	if err := r.ensureMetadata(ctx, m); err != nil {
+		return ctrl.Result{}, err
+	}
+	if r.crashed("after-metadata") {
+		return ctrl.Result{}, errCrash
+	}
+	return r.reconcileNormal(ctx, m, prov)
+}
+
+// patchStatus writes the status once, and only when it changed.
+func (r *Reconciler) patchStatus(ctx context.Context, before, m *clusterv1.Machine) error {
+	m.Status.Phase = phaseOf(m)
+	m.Status.ObservedGeneration = m.Generation
+	if equality.Semantic.DeepEqual(before.Status, m.Status) {
+		return nil
+	}
+	if err := r.client.Status().Patch(ctx, m, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("writing status of machine %s: %w", klog.KObj(m), client.IgnoreNotFound(err))
+	}
+	return nil
+}
+
+func (r *Reconciler) crashed(step string) bool {
+	return r.opts.crashAt != nil && r.opts.crashAt(step)
+}
+
+func clusterKey(m *clusterv1.Machine) types.NamespacedName {
+	return types.NamespacedName{Namespace: m.Namespace, Name: m.Spec.ClusterName}
+}
+
+// stopOnExit drops every workload cluster's informers when the manager stops.
+type stopOnExit struct{ c *remote.Cache }
+
+func (s stopOnExit) Start(ctx context.Context) error {
+	<-ctx.Done()
+	s.c.Stop()
+	return nil
+}

@@ -1,0 +1,140 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/drain"
+	"marina.dev/marina/internal/remote"
+	"marina.dev/marina/provider"
+)
+
+// drainRetry is how often a blocked drain is tried again. Evictions refused
+// by a PodDisruptionBudget produce no event we could wait for.
+const drainRetry = 5 * time.Second
+
+// reconcileDelete drains the Node, deletes the real machine, removes the
+// Node, and only then lets the Machine go. Each step is idempotent, so a
+// controller killed anywhere in between resumes where it stopped.
+func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(m, clusterv1.MachineFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	cl, err := r.clusters.Get(ctx, clusterKey(m))
+	switch {
+	case errors.Is(err, remote.ErrKubeconfigMissing):
+		cl = nil // the cluster is gone: there is no Node to drain or remove
+	case err != nil:
+		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionUnknown, clusterv1.MachineClusterUnreachableReason,
+			fmt.Sprintf("cannot reach cluster %s to drain the node (retrying with backoff): %v", m.Spec.ClusterName, err))
+		return ctrl.Result{}, fmt.Errorf("reaching cluster %s: %w", m.Spec.ClusterName, err)
+	}
+	node, err := r.nodeForDeletion(ctx, m, prov, cl)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if node != nil {
+		if res, done, err := r.drain(ctx, m, cl, node.Name); !done || err != nil {
+			return res, err
+		}
+	}
+	if r.crashed("after-drain") {
+		return ctrl.Result{}, errCrash
+	}
+	if err := prov.Delete(ctx, m.UID); err != nil {
+		return ctrl.Result{}, fmt.Errorf("deleting machine with provider %s: %w", prov.Name(), err)
+	}
+	if r.crashed("after-provider-delete") {
+		return ctrl.Result{}, errCrash
+	}
+	if node != nil {
+		if err := cl.Client.Delete(ctx, node); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("deleting node %s: %w", node.Name, err)
+		}
+	}
+	if r.crashed("after-node-delete") {
+		return ctrl.Result{}, errCrash
+	}
+	before := m.DeepCopy()
+	controllerutil.RemoveFinalizer(m, clusterv1.MachineFinalizer)
+	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, fmt.Errorf("removing finalizer: %w", err)
+	}
+	return ctrl.Result{}, nil
+}
+
+// nodeForDeletion finds the machine's Node, even when the controller died
+// before it recorded nodeRef or providerID: the provider still knows the
+// providerID of the machine it made for this UID.
+func (r *Reconciler) nodeForDeletion(ctx context.Context, m *clusterv1.Machine, prov provider.Provider, cl *remote.Cluster) (*corev1.Node, error) {
+	if cl == nil {
+		return nil, nil
+	}
+	providerID := m.Status.ProviderID
+	if providerID == "" {
+		inst, err := prov.Get(ctx, m.UID)
+		if provider.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("describing machine with provider %s: %w", prov.Name(), err)
+		}
+		providerID = inst.ProviderID
+	}
+	return cl.NodeByProviderID(ctx, providerID)
+}
+
+// drain cordons the node and evicts its pods, honouring PodDisruptionBudgets.
+// It reports done when the node is empty, when draining is skipped by the
+// machine's annotation, or when spec.nodeDrainTimeout has passed.
+func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster, node string) (ctrl.Result, bool, error) {
+	if _, skip := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]; skip {
+		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionTrue, clusterv1.MachineDrainSkippedReason,
+			"draining skipped: the machine has the "+clusterv1.ExcludeNodeDrainingAnnotation+" annotation")
+		return ctrl.Result{}, true, nil
+	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition); c != nil &&
+		(c.Status == metav1.ConditionTrue || c.Reason == clusterv1.MachineDrainTimeoutReason) {
+		return ctrl.Result{}, true, nil
+	}
+	if err := drain.Cordon(ctx, cl.Clientset, node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, true, nil
+		}
+		return ctrl.Result{}, false, err
+	}
+	res, err := drain.Evict(ctx, cl.Clientset, node)
+	if err != nil {
+		return ctrl.Result{}, false, err
+	}
+	if res.Done() {
+		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionTrue, clusterv1.MachineDrainedReason, "")
+		return ctrl.Result{}, true, nil
+	}
+	reason := clusterv1.MachineDrainingReason
+	if len(res.Blocked) > 0 {
+		reason = clusterv1.MachineDrainBlockedReason
+	}
+	// The condition stays False while draining, so its lastTransitionTime is
+	// when the drain started, across restarts of the controller.
+	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, reason, "draining node "+node+": "+res.String())
+	started := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition).LastTransitionTime.Time
+	if timeout := m.Spec.NodeDrainTimeout; timeout != nil && timeout.Duration > 0 && time.Since(started) >= timeout.Duration {
+		msg := fmt.Sprintf("gave up draining node %s after spec.nodeDrainTimeout (%s); deleting the machine anyway: %s", node, timeout.Duration, res.String())
+		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, clusterv1.MachineDrainTimeoutReason, msg)
+		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineDrainTimeoutReason, "Drain", "%s", msg)
+		return ctrl.Result{}, true, nil
+	}
+	return ctrl.Result{RequeueAfter: drainRetry}, false, nil
+}

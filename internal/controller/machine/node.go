@@ -1,0 +1,103 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+)
+
+// Well-known node role label and taint (M9).
+const (
+	controlPlaneRoleLabel = "node-role.kubernetes.io/control-plane"
+	controlPlaneTaintKey  = "node-role.kubernetes.io/control-plane"
+)
+
+// nodeMetadata is what the machine's Node must carry: the merged labels and
+// taints, plus, on a control-plane machine, the role label and (unless the
+// machine is also a worker) the NoSchedule taint.
+func nodeMetadata(roles []clusterv1.MachineRole, labels map[string]string, taints []corev1.Taint) (map[string]string, []corev1.Taint) {
+	outLabels := make(map[string]string, len(labels)+1)
+	for k, v := range labels {
+		outLabels[k] = v
+	}
+	outTaints := append([]corev1.Taint(nil), taints...)
+	if hasRole(roles, clusterv1.ControlPlaneRole) {
+		outLabels[controlPlaneRoleLabel] = ""
+		if !hasRole(roles, clusterv1.WorkerRole) {
+			outTaints = upsertTaint(outTaints, corev1.Taint{Key: controlPlaneTaintKey, Effect: corev1.TaintEffectNoSchedule})
+		}
+	}
+	return outLabels, outTaints
+}
+
+func hasRole(roles []clusterv1.MachineRole, want clusterv1.MachineRole) bool {
+	for _, r := range roles {
+		if r == want {
+			return true
+		}
+	}
+	return false
+}
+
+// upsertTaint adds t, replacing a taint with the same key and effect.
+func upsertTaint(taints []corev1.Taint, t corev1.Taint) []corev1.Taint {
+	for i := range taints {
+		if taints[i].Key == t.Key && taints[i].Effect == t.Effect {
+			taints[i] = t
+			return taints
+		}
+	}
+	return append(taints, t)
+}
+
+// missingMetadata returns the node's labels and taints with the desired ones
+// applied, and whether anything changed. Labels and taints the node has
+// beyond the desired ones (set by others) are kept.
+func missingMetadata(node *corev1.Node, labels map[string]string, taints []corev1.Taint) (map[string]string, []corev1.Taint, bool) {
+	changed := false
+	outLabels := make(map[string]string, len(node.Labels)+len(labels))
+	for k, v := range node.Labels {
+		outLabels[k] = v
+	}
+	for k, v := range labels {
+		if have, ok := outLabels[k]; !ok || have != v {
+			outLabels[k] = v
+			changed = true
+		}
+	}
+	outTaints := append([]corev1.Taint(nil), node.Spec.Taints...)
+	for _, t := range taints {
+		found := false
+		for _, have := range outTaints {
+			if have.Key == t.Key && have.Effect == t.Effect && have.Value == t.Value {
+				found = true
+				break
+			}
+		}
+		if !found {
+			outTaints = upsertTaint(outTaints, t)
+			changed = true
+		}
+	}
+	return outLabels, outTaints, changed
+}
+
+// syncNodeMetadata writes the machine's labels and taints onto its Node when
+// any is missing (M1).
+func syncNodeMetadata(ctx context.Context, c client.Client, node *corev1.Node, roles []clusterv1.MachineRole, labels map[string]string, taints []corev1.Taint) error {
+	labels, taints = nodeMetadata(roles, labels, taints)
+	newLabels, newTaints, changed := missingMetadata(node, labels, taints)
+	if !changed {
+		return nil
+	}
+	patched := node.DeepCopy()
+	patched.Labels, patched.Spec.Taints = newLabels, newTaints
+	if err := c.Patch(ctx, patched, client.MergeFromWithOptions(node, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("copying labels and taints onto node %s: %w", node.Name, client.IgnoreNotFound(err))
+	}
+	return nil
+}

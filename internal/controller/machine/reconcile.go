@@ -1,0 +1,251 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/class"
+	"marina.dev/marina/internal/remote"
+	"marina.dev/marina/provider"
+)
+
+// reconcileUnowned handles a machine no provider of this controller owns:
+// it reports so when this controller is the reporting one, and does nothing
+// else to it (M2).
+func (r *Reconciler) reconcileUnowned(ctx context.Context, m *clusterv1.Machine, kind schema.GroupVersionKind, kindErr error) (ctrl.Result, error) {
+	if !r.opts.ReportUnowned || isExternal(kind, r.opts.ExternalKinds) {
+		return ctrl.Result{}, nil
+	}
+	before := m.DeepCopy()
+	switch {
+	case kindErr != nil:
+		setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, clusterv1.MachineClassNotFoundReason,
+			kindErr.Error()+"; create the MachineClass or fix spec.classRef.name")
+	default:
+		setCondition(m, clusterv1.MachineProvisionedCondition, metav1.ConditionFalse, clusterv1.MachineProviderNotFoundReason,
+			fmt.Sprintf("no provider owns providerSpec kind %q (apiVersion %q); providers running here own %v: fix the kind, or start the provider that owns it",
+				kind.Kind, kind.GroupVersion().String(), r.opts.Providers.Kinds()))
+	}
+	setReady(m)
+	// Watches on MachineClass (and a restart with more providers) bring the
+	// machine back; nothing to retry until then.
+	return ctrl.Result{}, r.patchStatus(ctx, before, m)
+}
+
+func isExternal(kind schema.GroupVersionKind, external []schema.GroupVersionKind) bool {
+	for _, k := range external {
+		if k == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// ensureMetadata puts the finalizer and the owner reference to the Cluster
+// on the machine in one patch, and restores them if someone stripped them.
+func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine) error {
+	before := m.DeepCopy()
+	controllerutil.AddFinalizer(m, clusterv1.MachineFinalizer)
+	cluster := &clusterv1.Cluster{}
+	switch err := r.client.Get(ctx, clusterKey(m), cluster); {
+	case err == nil:
+		if err := controllerutil.SetOwnerReference(cluster, m, r.client.Scheme()); err != nil {
+			return fmt.Errorf("setting owner reference: %w", err)
+		}
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("reading cluster %s: %w", m.Spec.ClusterName, err)
+	}
+	if equalMetadata(before, m) {
+		return nil
+	}
+	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("adding finalizer and owner reference: %w", err)
+	}
+	return nil
+}
+
+func equalMetadata(a, b *clusterv1.Machine) bool {
+	if len(a.Finalizers) != len(b.Finalizers) || len(a.OwnerReferences) != len(b.OwnerReferences) {
+		return false
+	}
+	for i := range a.OwnerReferences {
+		if a.OwnerReferences[i].UID != b.OwnerReferences[i].UID {
+			return false
+		}
+	}
+	return true
+}
+
+// reconcileNormal: resolve the configuration, provision, then follow the Node.
+func (r *Reconciler) reconcileNormal(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (ctrl.Result, error) {
+	if m.Status.FailureReason == clusterv1.MachineVanishedReason {
+		return ctrl.Result{}, nil
+	}
+	clearFixableFailure(m)
+	resolved, err := r.resolve(ctx, m, prov)
+	if err != nil || resolved == nil {
+		return ctrl.Result{}, err
+	}
+	if m.Status.ProviderID == "" {
+		if res, err := r.provision(ctx, m, prov, resolved); err != nil || m.Status.ProviderID == "" {
+			return res, err
+		}
+	} else if err := r.describe(ctx, m, prov); err != nil || m.Status.FailureReason != "" {
+		return ctrl.Result{}, err
+	}
+	return r.reconcileNode(ctx, m, resolved)
+}
+
+// resolve merges the class and checks the blob with the provider. A nil
+// result with a nil error means the machine cannot go on until its spec or
+// class changes; the conditions say why.
+func (r *Reconciler) resolve(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (*class.Resolved, error) {
+	var mc *clusterv1.MachineClass
+	if m.Spec.ClassRef != nil {
+		mc = &clusterv1.MachineClass{}
+		if err := r.client.Get(ctx, types.NamespacedName{Name: m.Spec.ClassRef.Name}, mc); err != nil {
+			if apierrors.IsNotFound(err) {
+				setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, clusterv1.MachineClassNotFoundReason,
+					fmt.Sprintf("MachineClass %q does not exist: create it, or fix spec.classRef.name", m.Spec.ClassRef.Name))
+				setReady(m)
+				return nil, nil
+			}
+			return nil, fmt.Errorf("reading MachineClass %q: %w", m.Spec.ClassRef.Name, err)
+		}
+	}
+	resolved, err := class.Merge(mc, &m.Spec)
+	if err != nil {
+		msg := "the machine's overrides do not fit its class: " + err.Error()
+		setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, clusterv1.MachineOverrideNotAllowedReason, msg)
+		fail(m, clusterv1.MachineOverrideNotAllowedReason, msg)
+		return nil, nil
+	}
+	if err := prov.Validate(resolved.ProviderSpec.Raw); err != nil {
+		if !provider.IsInvalidSpec(err) {
+			return nil, fmt.Errorf("validating providerSpec: %w", err)
+		}
+		msg := err.Error() + ": fix spec.providerSpec (or the MachineClass)"
+		setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, clusterv1.MachineInvalidProviderSpecReason, msg)
+		fail(m, clusterv1.MachineInvalidProviderSpecReason, msg)
+		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineInvalidProviderSpecReason, "Validate", "%s", msg)
+		return nil, nil
+	}
+	setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionTrue, clusterv1.MachineProviderSpecResolvedReason, "")
+	return resolved, nil
+}
+
+// provision asks the provider for the machine. The provider is keyed by the
+// machine's UID, so a controller killed after Create but before the status
+// write gets the same machine back on the next try, never a second one.
+func (r *Reconciler) provision(ctx context.Context, m *clusterv1.Machine, prov provider.Provider, resolved *class.Resolved) (ctrl.Result, error) {
+	cl, res, err := r.cluster(ctx, m, clusterv1.MachineProvisionedCondition)
+	if cl == nil {
+		return res, err
+	}
+	boot, err := r.bootstrap(ctx, cl)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	spec := m.Spec.DeepCopy()
+	spec.Labels, spec.Taints = nodeMetadata(m.Spec.Roles, resolved.Labels, resolved.Taints)
+	inst, err := prov.Create(ctx, &provider.Request{
+		UID: m.UID, Namespace: m.Namespace, Name: m.Name,
+		Machine: *spec, ProviderSpec: resolved.ProviderSpec.Raw, Bootstrap: boot,
+	})
+	if err != nil {
+		if provider.IsInvalidSpec(err) {
+			fail(m, clusterv1.MachineInvalidProviderSpecReason, err.Error())
+			return ctrl.Result{}, nil
+		}
+		setCondition(m, clusterv1.MachineProvisionedCondition, metav1.ConditionFalse, clusterv1.MachineProvisioningFailedReason,
+			fmt.Sprintf("provider %s could not create the machine (retrying): %v", prov.Name(), err))
+		setReady(m)
+		return ctrl.Result{}, fmt.Errorf("creating machine with provider %s: %w", prov.Name(), err)
+	}
+	if r.crashed("after-create") {
+		return ctrl.Result{}, errCrash
+	}
+	m.Status.ProviderID = inst.ProviderID
+	m.Status.Addresses = inst.Addresses
+	setCondition(m, clusterv1.MachineProvisionedCondition, metav1.ConditionTrue, clusterv1.MachineProvisionedReason, "")
+	return ctrl.Result{}, nil
+}
+
+// describe checks that a provisioned machine still exists. One that vanished
+// outside marina is reported and left alone: re-creating it silently would
+// hide the loss and could resurrect a machine an operator removed on purpose.
+func (r *Reconciler) describe(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) error {
+	inst, err := prov.Get(ctx, m.UID)
+	if provider.IsNotFound(err) {
+		msg := fmt.Sprintf("the machine %s no longer exists at provider %s; marina does not re-create it: delete this Machine (its MachineSet replaces it)",
+			m.Status.ProviderID, prov.Name())
+		fail(m, clusterv1.MachineVanishedReason, msg)
+		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineVanishedReason, "Describe", "%s", msg)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("describing machine with provider %s: %w", prov.Name(), err)
+	}
+	m.Status.Addresses = inst.Addresses
+	return nil
+}
+
+// reconcileNode finds the machine's Node by providerID, records it, mirrors
+// its readiness, and keeps the machine's labels and taints on it.
+func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, resolved *class.Resolved) (ctrl.Result, error) {
+	cl, res, err := r.cluster(ctx, m, clusterv1.MachineNodeReadyCondition)
+	if cl == nil {
+		return res, err
+	}
+	node, err := cl.NodeByProviderID(ctx, m.Status.ProviderID)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if node == nil {
+		m.Status.NodeRef = nil
+		setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionFalse, clusterv1.MachineNodeNotFoundReason,
+			fmt.Sprintf("waiting for a Node with spec.providerID %s to register", m.Status.ProviderID))
+		setReady(m)
+		return ctrl.Result{}, nil // the Node watch brings the machine back
+	}
+	m.Status.NodeRef = &clusterv1.NodeReference{Name: node.Name, UID: string(node.UID)}
+	m.Status.Versions.Kubelet = node.Status.NodeInfo.KubeletVersion
+	setNodeReady(m, node)
+	if err := syncNodeMetadata(ctx, cl.Client, node, m.Spec.Roles, resolved.Labels, resolved.Taints); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, nil
+}
+
+// cluster returns access to the machine's workload cluster, or reports on
+// condition t why there is none.
+func (r *Reconciler) cluster(ctx context.Context, m *clusterv1.Machine, t string) (*remote.Cluster, ctrl.Result, error) {
+	cl, err := r.clusters.Get(ctx, clusterKey(m))
+	switch {
+	case err == nil:
+		return cl, ctrl.Result{}, nil
+	case errors.Is(err, remote.ErrKubeconfigMissing):
+		setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
+			fmt.Sprintf("waiting for cluster %s: its kubeconfig Secret %s does not exist yet", m.Spec.ClusterName, remote.KubeconfigSecretName(m.Spec.ClusterName)))
+		setReady(m)
+		return nil, ctrl.Result{}, nil // the Secret watch brings the machine back
+	default:
+		setCondition(m, t, metav1.ConditionUnknown, clusterv1.MachineClusterUnreachableReason,
+			fmt.Sprintf("cannot reach cluster %s (retrying with backoff): %v", m.Spec.ClusterName, err))
+		setReady(m)
+		// An error, so the rate limiter backs off exponentially per machine
+		// instead of a hot loop.
+		return nil, ctrl.Result{}, fmt.Errorf("reaching cluster %s: %w", m.Spec.ClusterName, err)
+	}
+}

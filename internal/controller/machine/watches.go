@@ -1,0 +1,118 @@
+package machine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/remote"
+)
+
+func indexMachines(ctx context.Context, mgr ctrl.Manager) error {
+	indexes := map[string]client.IndexerFunc{
+		clusterNameIndex: func(o client.Object) []string {
+			return []string{o.(*clusterv1.Machine).Spec.ClusterName}
+		},
+		classNameIndex: func(o client.Object) []string {
+			if ref := o.(*clusterv1.Machine).Spec.ClassRef; ref != nil {
+				return []string{ref.Name}
+			}
+			return nil
+		},
+		providerIDIndex: func(o client.Object) []string {
+			if id := o.(*clusterv1.Machine).Status.ProviderID; id != "" {
+				return []string{id}
+			}
+			return nil
+		},
+	}
+	for name, fn := range indexes {
+		if err := mgr.GetFieldIndexer().IndexField(ctx, &clusterv1.Machine{}, name, fn); err != nil {
+			return fmt.Errorf("indexing machines by %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) machinesForClass(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.requestsFor(ctx, client.MatchingFields{classNameIndex: o.GetName()})
+}
+
+func (r *Reconciler) machinesForKubeconfig(ctx context.Context, o client.Object) []reconcile.Request {
+	cluster, ok := strings.CutSuffix(o.GetName(), "-kubeconfig")
+	if !ok {
+		return nil
+	}
+	return r.requestsFor(ctx, client.InNamespace(o.GetNamespace()), client.MatchingFields{clusterNameIndex: cluster})
+}
+
+func (r *Reconciler) requestsFor(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
+	list := &clusterv1.MachineList{}
+	if err := r.client.List(ctx, list, opts...); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing machines to enqueue")
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return out
+}
+
+// nodeChanged runs on a workload cluster's informer goroutine: it queues the
+// machine whose providerID the Node carries.
+func (r *Reconciler) nodeChanged(e remote.NodeEvent) {
+	if e.Node.Spec.ProviderID == "" {
+		return
+	}
+	list := &clusterv1.MachineList{}
+	err := r.client.List(context.Background(), list, client.InNamespace(e.Cluster.Namespace),
+		client.MatchingFields{providerIDIndex: e.Node.Spec.ProviderID})
+	if err != nil {
+		return
+	}
+	for i := range list.Items {
+		r.nodeEvents <- event.TypedGenericEvent[*clusterv1.Machine]{Object: &list.Items[i]}
+	}
+}
+
+// kindOf says which providerSpec kind a machine has: from its own
+// providerSpec when it names one (overrides name the class's kind too), else
+// from its class.
+func (r *Reconciler) kindOf(ctx context.Context, m *clusterv1.Machine) (schema.GroupVersionKind, error) {
+	if m.Spec.ProviderSpec != nil {
+		if gvk := gvkOf(m.Spec.ProviderSpec.Raw); gvk.Kind != "" {
+			return gvk, nil
+		}
+	}
+	if m.Spec.ClassRef == nil {
+		return schema.GroupVersionKind{}, fmt.Errorf("machine has neither a providerSpec with apiVersion and kind nor a classRef")
+	}
+	class := &clusterv1.MachineClass{}
+	if err := r.client.Get(ctx, types.NamespacedName{Name: m.Spec.ClassRef.Name}, class); err != nil {
+		return schema.GroupVersionKind{}, fmt.Errorf("reading MachineClass %q: %w", m.Spec.ClassRef.Name, err)
+	}
+	return gvkOf(class.Spec.ProviderSpec.Raw), nil
+}
+
+// gvkOf reads apiVersion and kind from a serialized object; empty when the
+// blob has none.
+func gvkOf(raw []byte) schema.GroupVersionKind {
+	var tm struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if len(raw) == 0 || json.Unmarshal(raw, &tm) != nil {
+		return schema.GroupVersionKind{}
+	}
+	return schema.FromAPIVersionAndKind(tm.APIVersion, tm.Kind)
+}

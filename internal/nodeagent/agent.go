@@ -1,0 +1,193 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"marina.dev/marina/internal/nodeagent/sandbox"
+)
+
+// timing are the agent's periods; tests shorten them.
+type timing struct {
+	// leaseRenew is how often the Lease is renewed (the kubelet's 10s).
+	leaseRenew time.Duration
+	// leaseDuration is the Lease's leaseDurationSeconds (the kubelet's 40).
+	leaseDuration int32
+	// statusUpdate is how often the Node's conditions get a heartbeat.
+	statusUpdate time.Duration
+	// lockWait is how long a starting agent waits for a lock prober to let
+	// go before concluding that another agent runs the sandbox.
+	lockWait time.Duration
+	// retryMax caps the backoff between failed registrations.
+	retryMax time.Duration
+}
+
+var defaultTiming = timing{
+	leaseRenew:    10 * time.Second,
+	leaseDuration: 40,
+	statusUpdate:  30 * time.Second,
+	lockWait:      2 * time.Second,
+	retryMax:      30 * time.Second,
+}
+
+// Run runs the node agent of the sandbox dir until ctx ends. It first takes
+// the sandbox's agent lock and fails, with an error wrapping
+// sandbox.ErrLocked, if another agent holds it. It returns nil when ctx
+// ends: stopping leaves the Node and the Lease as they are, for the Node to
+// go NotReady as a stopped kubelet's does.
+func Run(ctx context.Context, dir string) error {
+	return run(ctx, dir, defaultTiming)
+}
+
+func run(ctx context.Context, dir string, t timing) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("resolving sandbox directory: %w", err)
+	}
+	lock, err := sandbox.Lock(dir, t.lockWait)
+	if err != nil {
+		return fmt.Errorf("starting the node agent of sandbox %s: %w", dir, err)
+	}
+	defer lock.Close()
+
+	b, err := sandbox.ReadBootstrap(dir)
+	if err != nil {
+		return err
+	}
+	if err := checkBootstrap(b); err != nil {
+		return fmt.Errorf("bootstrap of sandbox %s: %w", dir, err)
+	}
+	cs, err := newClient(b)
+	if err != nil {
+		return err
+	}
+	log := klog.FromContext(ctx).WithValues("node", b.NodeName)
+	ctx, cancel := context.WithCancel(klog.NewContext(ctx, log))
+	defer cancel()
+	a := &agent{cs: cs, boot: b, dir: dir, stop: cancel, t: t, log: log}
+	return a.run(ctx)
+}
+
+func checkBootstrap(b *sandbox.Bootstrap) error {
+	var missing []error
+	for name, v := range map[string]string{
+		"server": b.Server, "token": b.Token, "nodeName": b.NodeName,
+		"providerID": b.ProviderID, "address": b.Address,
+	} {
+		if v == "" {
+			missing = append(missing, fmt.Errorf("%s is empty", name))
+		}
+	}
+	return errors.Join(missing...)
+}
+
+// newClient builds a client for the workload cluster from the bootstrap
+// alone: its token and CA, nothing from the environment.
+func newClient(b *sandbox.Bootstrap) (kubernetes.Interface, error) {
+	cfg := &rest.Config{
+		Host:            b.Server,
+		BearerToken:     b.Token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: []byte(b.CAPEM)},
+		UserAgent:       "marina-node-agent/" + b.NodeName,
+		// Protobuf costs the API server and hundreds of agents less CPU.
+		ContentConfig: rest.ContentConfig{
+			ContentType:        "application/vnd.kubernetes.protobuf",
+			AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json",
+		},
+		QPS:   5,
+		Burst: 10,
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building a client for %s: %w", b.Server, err)
+	}
+	return cs, nil
+}
+
+// agent is one running node agent.
+type agent struct {
+	cs   kubernetes.Interface
+	boot *sandbox.Bootstrap
+	dir  string
+	stop context.CancelFunc
+	t    timing
+	log  klog.Logger
+}
+
+// sandboxGone stops the agent if its sandbox was removed under it (a
+// provider that could not signal it, a test's temporary directory): an
+// agent outliving its machine would keep a deleted Node alive.
+func (a *agent) sandboxGone() bool {
+	if _, err := os.Stat(filepath.Join(a.dir, sandbox.BootstrapFile)); errors.Is(err, fs.ErrNotExist) {
+		a.log.Info("Sandbox removed, stopping node agent", "sandbox", a.dir)
+		a.stop()
+		return true
+	}
+	return false
+}
+
+func (a *agent) run(ctx context.Context) error {
+	a.log.Info("Starting node agent", "server", a.boot.Server, "providerID", a.boot.ProviderID, "address", a.boot.Address)
+	// The Lease's owner reference needs the Node's UID: register first.
+	node, err := a.registerUntilDone(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			a.log.Info("Node agent stopped before its node registered")
+			return nil
+		}
+		return err
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { a.keepLease(ctx, node) })
+	wg.Go(func() { a.keepStatus(ctx) })
+	wg.Go(func() { a.runPods(ctx) })
+	wg.Wait()
+	a.log.Info("Node agent stopped")
+	return nil
+}
+
+// registerUntilDone registers the Node, retrying with backoff (the API
+// server may not answer yet) until it succeeds or ctx ends.
+func (a *agent) registerUntilDone(ctx context.Context) (node nodeRef, err error) {
+	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: a.t.retryMax}
+	for {
+		node, err = a.register(ctx)
+		if err == nil {
+			return node, nil
+		}
+		if ctx.Err() != nil || a.sandboxGone() {
+			return nodeRef{}, context.Canceled
+		}
+		d := backoff.Step()
+		a.log.Error(err, "Registering node failed, retrying", "after", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nodeRef{}, ctx.Err()
+		case <-time.After(d):
+		}
+	}
+}
+
+// every calls f every period (jittered by up to jitter*period) until ctx
+// ends. It does not call f first.
+func every(ctx context.Context, period time.Duration, jitter float64, f func(context.Context)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait.Jitter(period, jitter)):
+		}
+		f(ctx)
+	}
+}

@@ -1,0 +1,118 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Files of a sandbox directory.
+const (
+	// BootstrapFile holds the Bootstrap document (mode 0600: it holds a token).
+	BootstrapFile = "bootstrap.json"
+	// LockFile is flocked exclusively by the running agent for its lifetime.
+	LockFile = "agent.lock"
+	// PIDFile records the PID of the agent the provider last started.
+	PIDFile = "agent.pid"
+	// LogFile receives the agent's standard output and error.
+	LogFile = "agent.log"
+)
+
+// Bootstrap is everything a node agent knows about its machine and its
+// workload cluster. It holds no management-plane credential.
+type Bootstrap struct {
+	// Server is the workload cluster's API server URL.
+	Server string `json:"server"`
+	// CAPEM is the PEM bundle that verifies Server.
+	CAPEM string `json:"caPEM"`
+	// Token is the bearer token the agent authenticates with. Secret.
+	Token string `json:"token"`
+	// NodeName is the name the agent registers its Node under.
+	NodeName string `json:"nodeName"`
+	// ProviderID is the Node's spec.providerID, e.g. local://<uid>.
+	ProviderID string `json:"providerID"`
+	// Address is the machine's loopback address (InternalIP, pod IPs).
+	Address string `json:"address"`
+	// Labels are put on the Node at registration.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Taints are put on the Node at registration.
+	Taints []corev1.Taint `json:"taints,omitempty"`
+	// Capacity is the Node's capacity (and allocatable).
+	Capacity corev1.ResourceList `json:"capacity"`
+	// KubeletVersion is reported in status.nodeInfo.kubeletVersion.
+	KubeletVersion string `json:"kubeletVersion"`
+	// ContainerRuntimeVersion is reported in
+	// status.nodeInfo.containerRuntimeVersion, e.g. containerd://2.1.4.
+	ContainerRuntimeVersion string `json:"containerRuntimeVersion,omitempty"`
+}
+
+// ReadBootstrap reads dir's bootstrap document. Its error wraps
+// fs.ErrNotExist when the sandbox or the file does not exist.
+func ReadBootstrap(dir string) (*Bootstrap, error) {
+	data, err := os.ReadFile(filepath.Join(dir, BootstrapFile))
+	if err != nil {
+		return nil, fmt.Errorf("reading the bootstrap of sandbox %s: %w", dir, err)
+	}
+	var b Bootstrap
+	if err := json.Unmarshal(data, &b); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", filepath.Join(dir, BootstrapFile), err)
+	}
+	return &b, nil
+}
+
+// WriteBootstrap writes b into dir atomically, readable by its owner only.
+func WriteBootstrap(dir string, b *Bootstrap) error {
+	data, err := json.MarshalIndent(b, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding the bootstrap: %w", err)
+	}
+	return WriteFileAtomic(filepath.Join(dir, BootstrapFile), data, 0o600)
+}
+
+// WriteFileAtomic writes data to path so that a reader, or a crash, sees
+// either the old content or the new one, never a part: it writes a
+// temporary file in the same directory, syncs it and renames it over path.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // a no-op once renamed
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return SyncDir(dir)
+}
+
+// SyncDir makes a rename or a removal inside dir durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("syncing directory %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// KubeconfigSecretKey is the key of the kubeconfig in a cluster's Secret.
+const KubeconfigSecretKey = "value"
+
+// NodeProviderIDIndex indexes cached Nodes by spec.providerID.
+const NodeProviderIDIndex = "spec.providerID"
+
+// KubeconfigSecretName is the name of a cluster's admin kubeconfig Secret.
+func KubeconfigSecretName(cluster string) string { return cluster + "-kubeconfig" }
+
+// ErrKubeconfigMissing says the cluster's kubeconfig Secret does not exist yet.
+var ErrKubeconfigMissing = errors.New("the cluster's kubeconfig Secret does not exist yet")
+
+// Cluster is access to one workload cluster.
+type Cluster struct {
+	// Config reaches the cluster's API server as its administrator.
+	Config *rest.Config
+	// Client is a direct client for writes and uncached reads.
+	Client client.Client
+	// Clientset is a typed clientset (eviction, token requests).
+	Clientset kubernetes.Interface
+	// Nodes is a cache of the cluster's Nodes, indexed by NodeProviderIDIndex.
+	Nodes client.Reader
+
+	secretVersion string
+	stop          context.CancelFunc
+	lastUsed      time.Time
+}
+
+// NodeEvent tells that a Node of a cluster changed.
+type NodeEvent struct {
+	Cluster types.NamespacedName
+	Node    *corev1.Node
+}
+
+// Options configure a Cache.
+type Options struct {
+	// MaxClusters bounds how many clusters are kept; the least recently used
+	// one is dropped when a new one would exceed it.
+	MaxClusters int
+	// SyncTimeout bounds the wait for a new cluster's Node cache.
+	SyncTimeout time.Duration
+	// OnNodeEvent is called (from informer goroutines) when a Node changes.
+	OnNodeEvent func(NodeEvent)
+}
+
+// Cache holds one Cluster per workload cluster.
+type Cache struct {
+	mgmt   client.Reader
+	scheme *runtime.Scheme
+	opts   Options
+
+	mu       sync.Mutex
+	clusters map[types.NamespacedName]*Cluster
+}
+
+// NewCache builds a Cache that reads kubeconfig Secrets through mgmt.
+func NewCache(mgmt client.Reader, scheme *runtime.Scheme, opts Options) *Cache {
+	if opts.MaxClusters <= 0 {
+		opts.MaxClusters = 100
+	}
+	if opts.SyncTimeout <= 0 {
+		opts.SyncTimeout = 30 * time.Second
+	}
+	return &Cache{mgmt: mgmt, scheme: scheme, opts: opts, clusters: map[types.NamespacedName]*Cluster{}}
+}
+
+// Get returns access to the cluster, building it on first use and rebuilding
+// it when the kubeconfig Secret changed. It returns ErrKubeconfigMissing
+// (wrapped) when the Secret does not exist.
+func (c *Cache) Get(ctx context.Context, cluster types.NamespacedName) (*Cluster, error) {
+	secret := &corev1.Secret{}
+	key := types.NamespacedName{Namespace: cluster.Namespace, Name: KubeconfigSecretName(cluster.Name)}
+	if err := c.mgmt.Get(ctx, key, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("cluster %s: %w", cluster, ErrKubeconfigMissing)
+		}
+		return nil, fmt.Errorf("reading kubeconfig Secret %s: %w", key, err)
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cl, ok := c.clusters[cluster]; ok {
+		if cl.secretVersion == secret.ResourceVersion {
+			cl.lastUsed = time.Now()
+			return cl, nil
+		}
+		cl.stop()
+		delete(c.clusters, cluster)
+	}
+	cl, err := c.build(ctx, cluster, secret)
+	if err != nil {
+		return nil, err
+	}
+	c.evictLocked()
+	c.clusters[cluster] = cl
+	return cl, nil
+}
+
+// Forget drops a cluster (for example when it is deleted).
+func (c *Cache) Forget(cluster types.NamespacedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cl, ok := c.clusters[cluster]; ok {
+		cl.stop()
+		delete(c.clusters, cluster)
+	}
+}
+
+// Stop drops every cluster; their informers end.
+func (c *Cache) Stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, cl := range c.clusters {
+		cl.stop()
+		delete(c.clusters, k)
+	}
+}
+
+func (c *Cache) evictLocked() {
+	for len(c.clusters) >= c.opts.MaxClusters {
+		var oldest types.NamespacedName
+		var oldestTime time.Time
+		for k, cl := range c.clusters {
+			if oldestTime.IsZero() || cl.lastUsed.Before(oldestTime) {
+				oldest, oldestTime = k, cl.lastUsed
+			}
+		}
+		c.clusters[oldest].stop()
+		delete(c.clusters, oldest)
+	}
+}
+
+func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret *corev1.Secret) (*Cluster, error) {
+	data, ok := secret.Data[KubeconfigSecretKey]
+	if !ok {
+		return nil, fmt.Errorf("kubeconfig Secret %s/%s has no key %q", secret.Namespace, secret.Name, KubeconfigSecretKey)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("parsing kubeconfig Secret %s/%s: %w", secret.Namespace, secret.Name, err)
+	}
+	cfg.Timeout = 30 * time.Second
+	cfg.QPS, cfg.Burst = 50, 100
+	direct, err := client.New(cfg, client.Options{Scheme: c.scheme})
+	if err != nil {
+		return nil, fmt.Errorf("building client for cluster %s: %w", cluster, err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building clientset for cluster %s: %w", cluster, err)
+	}
+	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, ByObject: map[client.Object]cache.ByObject{}})
+	if err != nil {
+		return nil, fmt.Errorf("building node cache for cluster %s: %w", cluster, err)
+	}
+	if err := nodes.IndexField(ctx, &corev1.Node{}, NodeProviderIDIndex, func(o client.Object) []string {
+		if id := o.(*corev1.Node).Spec.ProviderID; id != "" {
+			return []string{id}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("indexing nodes of cluster %s: %w", cluster, err)
+	}
+	informer, err := nodes.GetInformer(ctx, &corev1.Node{})
+	if err != nil {
+		return nil, fmt.Errorf("watching nodes of cluster %s: %w", cluster, err)
+	}
+	if c.opts.OnNodeEvent != nil {
+		notify := func(obj any) {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if n, ok := obj.(*corev1.Node); ok {
+				c.opts.OnNodeEvent(NodeEvent{Cluster: cluster, Node: n})
+			}
+		}
+		if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    notify,
+			UpdateFunc: func(_, n any) { notify(n) },
+			DeleteFunc: notify,
+		}); err != nil {
+			return nil, fmt.Errorf("watching nodes of cluster %s: %w", cluster, err)
+		}
+	}
+	// The informers live until the cluster is dropped, not until this request ends.
+	runCtx, stop := context.WithCancel(context.Background())
+	go func() { _ = nodes.Start(runCtx) }()
+	syncCtx, cancel := context.WithTimeout(ctx, c.opts.SyncTimeout)
+	defer cancel()
+	if !nodes.WaitForCacheSync(syncCtx) {
+		stop()
+		return nil, fmt.Errorf("cluster %s is unreachable at %s: its Node cache did not sync within %s", cluster, cfg.Host, c.opts.SyncTimeout)
+	}
+	return &Cluster{
+		Config:        cfg,
+		Client:        direct,
+		Clientset:     cs,
+		Nodes:         nodes,
+		secretVersion: secret.ResourceVersion,
+		stop:          stop,
+		lastUsed:      time.Now(),
+	}, nil
+}
+
+// NodeByProviderID finds the cluster's Node with spec.providerID == id; nil
+// when none has registered yet.
+func (cl *Cluster) NodeByProviderID(ctx context.Context, id string) (*corev1.Node, error) {
+	list := &corev1.NodeList{}
+	if err := cl.Nodes.List(ctx, list, client.MatchingFields{NodeProviderIDIndex: id}); err != nil {
+		return nil, fmt.Errorf("listing nodes by providerID: %w", err)
+	}
+	switch len(list.Items) {
+	case 0:
+		return nil, nil
+	case 1:
+		return &list.Items[0], nil
+	default:
+		return nil, fmt.Errorf("%d nodes claim providerID %s", len(list.Items), id)
+	}
+}

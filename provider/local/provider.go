@@ -1,0 +1,240 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/provider"
+)
+
+// Name is the provider's name in conditions, events and logs.
+const Name = "local"
+
+// Options configure the local provider.
+type Options struct {
+	// Root is the directory holding one sandbox per machine. It is created
+	// (0700) if missing.
+	Root string
+	// AgentCommand is the argv prefix that starts a node agent, e.g.
+	// ["/usr/local/bin/marina", "node-agent"]; "--sandbox DIR" is appended.
+	AgentCommand []string
+	// AgentStartTimeout bounds how long Create waits for a started agent to
+	// take its sandbox's lock; 30s when zero.
+	AgentStartTimeout time.Duration
+	// AgentStopTimeout is how long Delete waits after SIGTERM before
+	// SIGKILL; 10s when zero.
+	AgentStopTimeout time.Duration
+}
+
+// Provider is the local provider. It is safe for concurrent use; calls for
+// one UID are serialised.
+type Provider struct {
+	root  string
+	opts  Options
+	locks sync.Map // types.UID -> *sync.Mutex
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// New returns a local provider keeping its sandboxes under opts.Root.
+func New(opts Options) (*Provider, error) {
+	if opts.Root == "" {
+		return nil, errors.New("local provider: Options.Root is required")
+	}
+	if len(opts.AgentCommand) == 0 {
+		return nil, errors.New("local provider: Options.AgentCommand is required")
+	}
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		return nil, fmt.Errorf("local provider: resolving root %s: %w", opts.Root, err)
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("local provider: creating root %s: %w", root, err)
+	}
+	if opts.AgentStartTimeout == 0 {
+		opts.AgentStartTimeout = 30 * time.Second
+	}
+	if opts.AgentStopTimeout == 0 {
+		opts.AgentStopTimeout = 10 * time.Second
+	}
+	opts.AgentCommand = append([]string(nil), opts.AgentCommand...)
+	return &Provider{root: root, opts: opts}, nil
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return Name }
+
+// Kinds implements provider.Provider: LocalMachine.
+func (p *Provider) Kinds() []schema.GroupVersionKind {
+	return []schema.GroupVersionKind{GroupVersion.WithKind(Kind)}
+}
+
+// Validate implements provider.Provider.
+func (p *Provider) Validate(raw []byte) error {
+	_, err := Decode(raw)
+	return err
+}
+
+// Create implements provider.Provider. It builds the sandbox if it does
+// not exist, and starts its agent if no agent runs (a first start, a crash
+// before the start, or an agent that died since). It refreshes the
+// bootstrap's server, CA and token before restarting an agent, as the old
+// token may have expired; the machine's identity (name, address, labels,
+// taints, capacity) stays what it was at creation.
+func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider.Instance, error) {
+	if err := checkUID(req.UID); err != nil {
+		return nil, err
+	}
+	m, err := Decode(req.ProviderSpec)
+	if err != nil {
+		return nil, err
+	}
+	defer p.lock(req.UID)()
+
+	dir := p.sandboxDir(req.UID)
+	boot, err := sandbox.ReadBootstrap(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if boot, err = p.build(req, m); err != nil {
+			return nil, fmt.Errorf("creating sandbox for machine %s/%s: %w", req.Namespace, req.Name, err)
+		}
+	case err != nil:
+		return nil, err
+	}
+
+	running, err := sandbox.Held(dir)
+	if err != nil {
+		return nil, err
+	}
+	if running {
+		p.repairPIDFile(dir)
+		return instance(boot, provider.InstanceRunning), nil
+	}
+	if req.Bootstrap.Token != "" && credentialsChanged(boot, req.Bootstrap) {
+		boot.Server, boot.CAPEM, boot.Token = req.Bootstrap.Server, string(req.Bootstrap.CAData), req.Bootstrap.Token
+		if err := sandbox.WriteBootstrap(dir, boot); err != nil {
+			return nil, fmt.Errorf("refreshing the bootstrap of machine %s/%s: %w", req.Namespace, req.Name, err)
+		}
+	}
+	if err := p.startAgent(ctx, dir); err != nil {
+		return nil, fmt.Errorf("starting the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
+	}
+	return instance(boot, provider.InstanceRunning), nil
+}
+
+// Get implements provider.Provider. The machine is Running while its agent
+// holds the sandbox's lock, Stopped otherwise.
+func (p *Provider) Get(_ context.Context, uid types.UID) (*provider.Instance, error) {
+	if err := checkUID(uid); err != nil {
+		return nil, err
+	}
+	dir := p.sandboxDir(uid)
+	boot, err := sandbox.ReadBootstrap(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, &provider.NotFoundError{UID: uid}
+	}
+	if err != nil {
+		return nil, err
+	}
+	running, err := sandbox.Held(dir)
+	if err != nil {
+		return nil, err
+	}
+	state := provider.InstanceStopped
+	if running {
+		state = provider.InstanceRunning
+	}
+	return instance(boot, state), nil
+}
+
+// Delete implements provider.Provider: it stops the agent (SIGTERM, then
+// SIGKILL after AgentStopTimeout) and removes the sandbox. The Node stays in
+// the workload cluster, NotReady, for the machine controller to delete.
+func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
+	if err := checkUID(uid); err != nil {
+		return err
+	}
+	defer p.lock(uid)()
+	dir := p.sandboxDir(uid)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return p.removeLeftovers(uid)
+	} else if err != nil {
+		return fmt.Errorf("deleting machine %s: %w", uid, err)
+	}
+	if err := p.stopAgent(ctx, dir); err != nil {
+		return fmt.Errorf("deleting machine %s: %w", uid, err)
+	}
+	// A rename is atomic: a crash leaves either the whole sandbox (and the
+	// next Delete starts over) or a tombstone (which the next Delete removes).
+	tomb := filepath.Join(p.root, fmt.Sprintf("%s%s-%d", tombPrefix, uid, time.Now().UnixNano()))
+	if err := os.Rename(dir, tomb); err != nil {
+		return fmt.Errorf("deleting machine %s: %w", uid, err)
+	}
+	if err := sandbox.SyncDir(p.root); err != nil {
+		return fmt.Errorf("deleting machine %s: %w", uid, err)
+	}
+	return p.removeLeftovers(uid)
+}
+
+// AgentPID returns the PID of the agent running for uid: a test's kill
+// switch (`kill -9`) for simulating a machine that dies.
+func (p *Provider) AgentPID(uid types.UID) (int, error) {
+	if err := checkUID(uid); err != nil {
+		return 0, err
+	}
+	dir := p.sandboxDir(uid)
+	if _, err := os.Stat(dir); err != nil {
+		return 0, fmt.Errorf("machine %s: %w", uid, err)
+	}
+	pid := p.agentPID(dir)
+	if pid == 0 {
+		return 0, fmt.Errorf("no agent runs for machine %s", uid)
+	}
+	return pid, nil
+}
+
+// lock serialises the calls for one UID and returns the unlock.
+func (p *Provider) lock(uid types.UID) func() {
+	mu, _ := p.locks.LoadOrStore(uid, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	return mu.(*sync.Mutex).Unlock
+}
+
+func (p *Provider) sandboxDir(uid types.UID) string { return filepath.Join(p.root, string(uid)) }
+
+// checkUID refuses UIDs that are not a plain directory name: the UID names
+// the sandbox, and must not reach outside the root.
+func checkUID(uid types.UID) error {
+	s := string(uid)
+	if s == "" || s != filepath.Base(s) || strings.HasPrefix(s, ".") || strings.ContainsAny(s, `/\`) {
+		return fmt.Errorf("local provider: %q is not a usable machine UID", s)
+	}
+	return nil
+}
+
+func credentialsChanged(b *sandbox.Bootstrap, nb provider.Bootstrap) bool {
+	return b.Server != nb.Server || b.CAPEM != string(nb.CAData) || b.Token != nb.Token
+}
+
+func instance(b *sandbox.Bootstrap, state provider.InstanceState) *provider.Instance {
+	return &provider.Instance{
+		ProviderID: b.ProviderID,
+		Addresses: []clusterv1.MachineAddress{
+			{Type: clusterv1.MachineInternalIP, Address: b.Address},
+			{Type: clusterv1.MachineHostName, Address: b.NodeName},
+		},
+		State: state,
+	}
+}

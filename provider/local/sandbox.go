@@ -1,0 +1,173 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+
+	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/provider"
+)
+
+// Prefixes of the root's entries that are not sandboxes: a sandbox being
+// built, and a sandbox being removed.
+const (
+	tmpPrefix  = ".tmp-"
+	tombPrefix = ".tomb-"
+)
+
+// allocMu makes address allocation and sandbox creation one step for every
+// Provider of the process, so that two machines never get one address.
+var allocMu sync.Mutex
+
+// build makes the sandbox of req: it writes the bootstrap into a temporary
+// directory and renames it into place, so that a sandbox that exists is
+// complete.
+func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Bootstrap, error) {
+	allocMu.Lock()
+	defer allocMu.Unlock()
+
+	dir := p.sandboxDir(req.UID)
+	if b, err := sandbox.ReadBootstrap(dir); err == nil {
+		return b, nil // another Provider of this process just built it
+	}
+	if err := p.removeLeftovers(req.UID); err != nil {
+		return nil, err
+	}
+	used, err := p.usedAddresses()
+	if err != nil {
+		return nil, err
+	}
+	addr, err := pickAddress(req.UID, used)
+	if err != nil {
+		return nil, err
+	}
+	b := bootstrapFor(req, m, addr)
+
+	tmp, err := os.MkdirTemp(p.root, tmpPrefix+string(req.UID)+"-")
+	if err != nil {
+		return nil, err
+	}
+	if err := sandbox.WriteBootstrap(tmp, b); err != nil {
+		_ = os.RemoveAll(tmp)
+		return nil, err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		_ = os.RemoveAll(tmp)
+		if other, rerr := sandbox.ReadBootstrap(dir); rerr == nil {
+			return other, nil // another process won the race: use its sandbox
+		}
+		return nil, fmt.Errorf("moving the sandbox into place: %w", err)
+	}
+	if err := sandbox.SyncDir(p.root); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// bootstrapFor is what the agent of req's machine needs to know.
+func bootstrapFor(req *provider.Request, m *LocalMachine, addr string) *sandbox.Bootstrap {
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    m.Spec.CPU,
+		corev1.ResourceMemory: m.Spec.Memory,
+		corev1.ResourcePods:   *resource.NewQuantity(int64(m.Spec.Pods), resource.DecimalSI),
+	}
+	if m.Spec.GPUs > 0 {
+		capacity[GPUResource] = *resource.NewQuantity(int64(m.Spec.GPUs), resource.DecimalSI)
+	}
+	var runtimeVersion string
+	if rt := req.Machine.ContainerRuntime; rt.Name != "" {
+		v := rt.Version
+		if v == "" {
+			v = "simulated"
+		}
+		runtimeVersion = rt.Name + "://" + v
+	}
+	return &sandbox.Bootstrap{
+		Server:                  req.Bootstrap.Server,
+		CAPEM:                   string(req.Bootstrap.CAData),
+		Token:                   req.Bootstrap.Token,
+		NodeName:                req.Name,
+		ProviderID:              ProviderID(req.UID),
+		Address:                 addr,
+		Labels:                  req.Machine.Labels,
+		Taints:                  req.Machine.Taints,
+		Capacity:                capacity,
+		KubeletVersion:          string(req.Machine.Versions.Kubelet),
+		ContainerRuntimeVersion: runtimeVersion,
+	}
+}
+
+// ProviderID is the providerID of the local machine with the given UID.
+func ProviderID(uid types.UID) string { return "local://" + string(uid) }
+
+// usedAddresses are the addresses of the existing sandboxes.
+func (p *Provider) usedAddresses() (map[string]bool, error) {
+	entries, err := os.ReadDir(p.root)
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	used := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := sandbox.ReadBootstrap(filepath.Join(p.root, e.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		used[b.Address] = true
+	}
+	return used, nil
+}
+
+// addressSpace is the number of addresses 127.x.y.z with x in 1..254,
+// y in 0..255 and z in 1..254: all of 127/8 but 127.0/16 (127.0.0.1 is the
+// host's own) and the .0 and .255 ends.
+const addressSpace = 254 * 256 * 254
+
+// pickAddress derives an address from the UID, so that it is stable and
+// spread, and probes the next ones until it finds one not in used.
+func pickAddress(uid types.UID, used map[string]bool) (string, error) {
+	h := fnv.New64a()
+	h.Write([]byte(uid))
+	start := h.Sum64() % addressSpace
+	for i := uint64(0); i < addressSpace; i++ {
+		n := (start + i) % addressSpace
+		addr := fmt.Sprintf("127.%d.%d.%d", 1+n/(256*254), (n/254)%256, 1+n%254)
+		if !used[addr] {
+			return addr, nil
+		}
+	}
+	return "", errors.New("no free loopback address is left for a new sandbox")
+}
+
+// removeLeftovers removes what a crash may have left of uid's sandbox: a
+// half-built temporary directory, or a tombstone not yet removed.
+func (p *Provider) removeLeftovers(uid types.UID) error {
+	entries, err := os.ReadDir(p.root)
+	if err != nil {
+		return fmt.Errorf("listing sandboxes: %w", err)
+	}
+	for _, e := range entries {
+		n := e.Name()
+		if strings.HasPrefix(n, tmpPrefix+string(uid)+"-") || strings.HasPrefix(n, tombPrefix+string(uid)+"-") {
+			if err := os.RemoveAll(filepath.Join(p.root, n)); err != nil {
+				return fmt.Errorf("removing %s: %w", n, err)
+			}
+		}
+	}
+	return nil
+}

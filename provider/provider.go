@@ -1,0 +1,139 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+)
+
+// Provider creates, describes and deletes real machines.
+//
+// Every method may be called again after a crash at any point, any number of
+// times, with the same arguments: implementations must converge, never
+// duplicate. Errors other than the typed ones below are treated as transient
+// and retried with backoff.
+type Provider interface {
+	// Name is a short, stable name for conditions, events and logs ("local").
+	Name() string
+
+	// Kinds are the providerSpec kinds this provider owns.
+	Kinds() []schema.GroupVersionKind
+
+	// Validate decodes a machine's merged providerSpec and checks it. It
+	// returns an *InvalidSpecError naming the bad field when the user must fix
+	// the blob. It has no side effects.
+	Validate(raw []byte) error
+
+	// Create makes the machine for req.UID if it does not exist yet, and
+	// returns it. If a machine for req.UID already exists (a retry, or a
+	// restarted controller), Create returns that one and makes nothing.
+	Create(ctx context.Context, req *Request) (*Instance, error)
+
+	// Get describes the machine made for uid. It returns a *NotFoundError when
+	// no such machine exists.
+	Get(ctx context.Context, uid types.UID) (*Instance, error)
+
+	// Delete deletes the machine made for uid and everything it holds. It
+	// returns nil when the machine is already gone.
+	Delete(ctx context.Context, uid types.UID) error
+}
+
+// Request is what a provider needs to make one machine.
+type Request struct {
+	// UID is the Machine's UID: the idempotency key of every call.
+	UID types.UID
+	// Namespace and Name of the Machine, for naming and logs.
+	Namespace, Name string
+	// Machine is the Machine's spec, with the class's node labels and taints
+	// already merged in (M5).
+	Machine clusterv1.MachineSpec
+	// ProviderSpec is the merged providerSpec (class, then overrides), JSON.
+	ProviderSpec []byte
+	// Bootstrap is how the machine joins its cluster; produced by marina, the
+	// same for every provider.
+	Bootstrap Bootstrap
+}
+
+// Bootstrap is what a new machine needs to join its workload cluster. It
+// never holds the management plane's credentials.
+type Bootstrap struct {
+	// Server is the workload cluster's API server URL.
+	Server string
+	// CAData is the PEM bundle that verifies Server.
+	CAData []byte
+	// Token is the credential the machine's agent uses to register its Node.
+	// It is secret: providers store it with mode 0600 and never log it.
+	Token string
+}
+
+// InstanceState is the provider's view of a machine's life.
+type InstanceState string
+
+// Instance states.
+const (
+	// InstancePending: created but not yet started.
+	InstancePending InstanceState = "Pending"
+	// InstanceRunning: the machine runs.
+	InstanceRunning InstanceState = "Running"
+	// InstanceStopped: the machine exists but does not run (it crashed, or
+	// was stopped outside marina).
+	InstanceStopped InstanceState = "Stopped"
+)
+
+// Instance is a real machine as its provider describes it.
+type Instance struct {
+	// ProviderID is "<provider>://<id>"; the machine's Node carries the same.
+	ProviderID string
+	// Addresses of the machine.
+	Addresses []clusterv1.MachineAddress
+	// State of the machine.
+	State InstanceState
+}
+
+// InvalidSpecError says the providerSpec cannot be used as it is; retrying
+// does not help, the user must change it.
+type InvalidSpecError struct {
+	// Field is the JSON path of the bad field, e.g. "spec.memory".
+	Field string
+	// Message says what is wrong and what would be right.
+	Message string
+}
+
+func (e *InvalidSpecError) Error() string {
+	if e.Field == "" {
+		return "invalid providerSpec: " + e.Message
+	}
+	return fmt.Sprintf("invalid providerSpec field %s: %s", e.Field, e.Message)
+}
+
+// IsInvalidSpec reports whether err is (or wraps) an *InvalidSpecError.
+func IsInvalidSpec(err error) bool {
+	var e *InvalidSpecError
+	return errors.As(err, &e)
+}
+
+// NotFoundError says the provider has no machine for the UID.
+type NotFoundError struct{ UID types.UID }
+
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("no machine exists for uid %s", e.UID)
+}
+
+// IsNotFound reports whether err is (or wraps) a *NotFoundError.
+func IsNotFound(err error) bool {
+	var e *NotFoundError
+	return errors.As(err, &e)
+}
+
+// IgnoreNotFound returns nil for a *NotFoundError and err otherwise.
+func IgnoreNotFound(err error) error {
+	if IsNotFound(err) {
+		return nil
+	}
+	return err
+}
