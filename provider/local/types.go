@@ -62,7 +62,7 @@ type LocalMachineSpec struct {
 var specFields = []string{"cpu", "memory", "pods", "gpus"}
 
 // Decode decodes and checks a LocalMachine blob (JSON), filling in
-// defaults. Every problem the user must fix is an *provider.InvalidSpecError
+// defaults. Every problem the user must fix is a *provider.InvalidSpecError
 // naming the field.
 func Decode(raw []byte) (*LocalMachine, error) {
 	if len(raw) == 0 {

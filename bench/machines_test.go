@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/remote"
+	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/provider/local"
+)
+
+var machines = flag.Int("machines", 200, "number of local worker machines to provision")
+
+// BenchmarkProvisionLocalMachines provisions N local worker machines through
+// a `marina controller` process and prints: the time until all are Running
+// with Ready Nodes (and the median per machine), the management API writes
+// per machine as the API server itself counts them (apiserver_request_total,
+// POST/PUT/PATCH/DELETE, failed ones included), and the controller's peak RSS.
+func BenchmarkProvisionLocalMachines(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		runProvision(b, *machines)
+	}
+}
+
+func runProvision(b *testing.B, n int) {
+	ctx := context.Background()
+	tmp := b.TempDir()
+	marina, err := testenv.BuildMarina(tmp)
+	must(b, err)
+	mgmt, err := testenv.Start()
+	must(b, err)
+	defer mgmt.Stop()
+	workload, err := testenv.StartWorkload()
+	must(b, err)
+	defer workload.Stop()
+
+	ns := "bench"
+	must(b, mgmt.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	must(b, mgmt.Client.Create(ctx, &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: ns},
+		Spec: clusterv1.ClusterSpec{
+			ClusterNetwork: clusterv1.ClusterNetwork{Pods: []clusterv1.CIDR{"10.244.0.0/16"}, Services: []clusterv1.CIDR{"10.96.0.0/12"}},
+			ControlPlane: clusterv1.ControlPlaneSpec{Version: "v1.37.2", Replicas: 1,
+				ProviderSpec: &runtime.RawExtension{Raw: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"2Gi"}}`)}},
+		},
+	}))
+	must(b, mgmt.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName("bench"), Namespace: ns},
+		Data:       map[string][]byte{remote.KubeconfigSecretKey: workload.Kubeconfig},
+	}))
+
+	sandboxes := filepath.Join(tmp, "machines")
+	kubeconfig := filepath.Join(tmp, "mgmt.kubeconfig")
+	must(b, os.WriteFile(kubeconfig, mgmt.Kubeconfig, 0o600))
+	ctl := exec.Command(marina, "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
+		"--local-provider-dir", sandboxes, "--metrics-bind-address=0", "--health-probe-bind-address=0")
+	logFile, err := os.Create(filepath.Join(tmp, "controller.log"))
+	must(b, err)
+	defer logFile.Close()
+	ctl.Stdout, ctl.Stderr = logFile, logFile
+	ctl.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must(b, ctl.Start())
+	defer func() { _ = ctl.Process.Signal(syscall.SIGTERM); _ = ctl.Wait() }()
+	defer cleanupSandboxes(b, marina, sandboxes)
+
+	cs := kubernetes.NewForConfigOrDie(mgmt.Config)
+	writesBefore := apiWrites(b, cs)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		must(b, mgmt.Client.Create(ctx, &clusterv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("w%04d", i), Namespace: ns},
+			Spec: clusterv1.MachineSpec{
+				ClusterName:  "bench",
+				Roles:        []clusterv1.MachineRole{clusterv1.WorkerRole},
+				Versions:     clusterv1.MachineVersions{Kubelet: "v1.37.2"},
+				ProviderSpec: &runtime.RawExtension{Raw: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","pods":110}}`)},
+			},
+		}))
+	}
+	created := time.Since(start)
+
+	readyAt := map[string]time.Duration{}
+	deadline := time.Now().Add(time.Duration(n)*2*time.Second + 2*time.Minute)
+	for len(readyAt) < n {
+		if time.Now().After(deadline) {
+			b.Fatalf("only %d of %d machines ready after %s; controller log: %s", len(readyAt), n, time.Since(start), logFile.Name())
+		}
+		list := &clusterv1.MachineList{}
+		must(b, mgmt.Client.List(ctx, list, client.InNamespace(ns)))
+		for i := range list.Items {
+			m := &list.Items[i]
+			if _, seen := readyAt[m.Name]; seen {
+				continue
+			}
+			if m.Status.Phase == clusterv1.MachinePhaseRunning && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineNodeReadyCondition) {
+				readyAt[m.Name] = time.Since(start)
+			}
+		}
+		time.Sleep(250 * time.Millisecond) // a poll interval, not a wait for a result
+	}
+	all := time.Since(start)
+	// Let the last status writes land before counting.
+	settle := apiWrites(b, cs)
+	for i := 0; i < 20; i++ {
+		time.Sleep(250 * time.Millisecond)
+		now := apiWrites(b, cs)
+		if now == settle {
+			break
+		}
+		settle = now
+	}
+	writes := apiWrites(b, cs) - writesBefore
+	peakRSS := vmHWM(b, ctl.Process.Pid)
+
+	durations := make([]time.Duration, 0, n)
+	for _, d := range readyAt {
+		durations = append(durations, d)
+	}
+	sort.Slice(durations, func(i, j int) bool { return durations[i] < durations[j] })
+	median := durations[len(durations)/2]
+
+	fmt.Printf("machines:                         %d\n", n)
+	fmt.Printf("created all Machine objects in:   %s\n", created.Round(time.Millisecond))
+	fmt.Printf("all Running with Ready nodes in:  %s (%.2f machines/s)\n", all.Round(time.Millisecond), float64(n)/all.Seconds())
+	fmt.Printf("median time to Running+Ready:     %s\n", median.Round(time.Millisecond))
+	fmt.Printf("management API writes:            %.0f total, %.2f per machine (incl. the Machine's own create)\n", writes, writes/float64(n))
+	fmt.Printf("controller peak RSS:              %.1f MiB\n", float64(peakRSS)/1024)
+	b.ReportMetric(all.Seconds(), "s/all-ready")
+	b.ReportMetric(median.Seconds(), "s/median-ready")
+	b.ReportMetric(writes/float64(n), "writes/machine")
+	b.ReportMetric(float64(peakRSS)/1024, "MiB-peak-rss")
+}
+
+// apiWrites sums apiserver_request_total over write verbs, whatever the
+// resource or response code.
+func apiWrites(b *testing.B, cs kubernetes.Interface) float64 {
+	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	must(b, err)
+	var total float64
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		write := false
+		for _, v := range []string{`verb="POST"`, `verb="PUT"`, `verb="PATCH"`, `verb="DELETE"`} {
+			if strings.Contains(line, v) {
+				write = true
+			}
+		}
+		if !write {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		must(b, err)
+		total += v
+	}
+	return total
+}
+
+// vmHWM is a process's peak resident set size in KiB.
+func vmHWM(b *testing.B, pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	must(b, err)
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			must(b, err)
+			return kb
+		}
+	}
+	b.Fatal("no VmHWM in /proc status")
+	return 0
+}
+
+// cleanupSandboxes stops every agent the run started.
+func cleanupSandboxes(b *testing.B, marina, root string) {
+	p, err := local.New(local.Options{Root: root, AgentCommand: []string{marina, "node-agent"}})
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			if err := p.Delete(context.Background(), types.UID(e.Name())); err != nil {
+				b.Error(err)
+			}
+		}
+	}
+}
+
+func must(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
+}
