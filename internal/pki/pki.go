@@ -15,6 +15,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"marina.dev/marina/internal/files"
 )
 
 // Validity periods. A management plane on a laptop lives for years; the CA
@@ -222,37 +224,8 @@ func (k *KeyPair) Write(dir, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := WriteFileAtomic(filepath.Join(dir, name+".key"), keyPEM); err != nil {
+	if err := files.WriteAtomic(filepath.Join(dir, name+".key"), keyPEM, 0o600); err != nil {
 		return err
 	}
-	return WriteFileAtomic(filepath.Join(dir, name+".crt"), k.CertPEM())
-}
-
-// WriteFileAtomic writes data to path with mode 0600 through a temporary file
-// in the same directory and a rename.
-func WriteFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
+	return files.WriteAtomic(filepath.Join(dir, name+".crt"), k.CertPEM(), 0o600)
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"marina.dev/marina/internal/files"
 )
 
 func TestIssuedCertificateVerifiesAgainstItsCA(t *testing.T) {
@@ -80,13 +82,13 @@ func TestLoadRejectsCorruptAndMismatchedFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	bKey, _ := b.KeyPEM()
-	if err := WriteFileAtomic(filepath.Join(dir, "x.key"), bKey); err != nil {
+	if err := files.WriteAtomic(filepath.Join(dir, "x.key"), bKey, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Load(dir, "x"); err == nil {
 		t.Error("a key that does not match its certificate was accepted")
 	}
-	if err := WriteFileAtomic(filepath.Join(dir, "x.crt"), []byte("garbage")); err != nil {
+	if err := files.WriteAtomic(filepath.Join(dir, "x.crt"), []byte("garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Load(dir, "x"); err == nil {

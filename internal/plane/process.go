@@ -6,9 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strings"
 	"syscall"
 	"time"
+
+	"marina.dev/marina/internal/files"
 )
 
 // stopGrace is how long a child gets to exit after SIGTERM before SIGKILL.
@@ -111,7 +112,7 @@ func (c *child) exitError() error {
 	if c.err != nil {
 		status = c.err.Error()
 	}
-	return fmt.Errorf("%s %s; last lines of %s:\n%s", c.name, status, c.logPath, tail(c.logPath, 15))
+	return fmt.Errorf("%s %s; last lines of %s:\n%s", c.name, status, c.logPath, files.Tail(c.logPath, 15))
 }
 
 // stop sends SIGTERM, waits up to stopGrace, then SIGKILLs.
@@ -132,17 +133,4 @@ func (c *child) stop() error {
 	}
 	<-c.done
 	return nil
-}
-
-// tail returns up to n last lines of a file.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "(" + err.Error() + ")"
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "    " + strings.Join(lines, "\n    ")
 }

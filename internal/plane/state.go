@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/pki"
 )
 
@@ -179,10 +180,10 @@ func (d stateDir) ensureServiceAccountKey() error {
 	if err != nil {
 		return fmt.Errorf("encoding service account public key: %w", err)
 	}
-	if err := pki.WriteFileAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})); err != nil {
+	if err := files.WriteAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		return err
 	}
-	return pki.WriteFileAtomic(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}))
+	return files.WriteAtomic(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o600)
 }
 
 // writeKubeconfig writes a kubeconfig (0600) that reaches server as the
@@ -207,5 +208,5 @@ func (d stateDir) writeKubeconfig(path, server string, ca *pki.KeyPair, certName
 	if err != nil {
 		return fmt.Errorf("encoding kubeconfig %s: %w", path, err)
 	}
-	return pki.WriteFileAtomic(path, data)
+	return files.WriteAtomic(path, data, 0o600)
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
@@ -47,7 +48,7 @@ func (p *Provider) startAgent(ctx context.Context, dir string) error {
 		close(exited)
 	}()
 	pid := cmd.Process.Pid
-	if err := sandbox.WriteFileAtomic(filepath.Join(dir, sandbox.PIDFile), []byte(strconv.Itoa(pid)+"\n"), 0o600); err != nil {
+	if err := files.WriteAtomic(filepath.Join(dir, sandbox.PIDFile), []byte(strconv.Itoa(pid)+"\n"), 0o600); err != nil {
 		_ = cmd.Process.Kill()
 		return err
 	}
@@ -66,10 +67,10 @@ func (p *Provider) startAgent(ctx context.Context, dir string) error {
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("the agent exited at start (%v); last lines of %s:\n%s", cmd.ProcessState, logPath, tail(logPath, 10))
+			return fmt.Errorf("the agent exited at start (%v); last lines of %s:\n%s", cmd.ProcessState, logPath, files.Tail(logPath, 10))
 		case <-deadline.C:
 			_ = cmd.Process.Kill()
-			return fmt.Errorf("the agent did not take its lock within %s; last lines of %s:\n%s", p.opts.AgentStartTimeout, logPath, tail(logPath, 10))
+			return fmt.Errorf("the agent did not take its lock within %s; last lines of %s:\n%s", p.opts.AgentStartTimeout, logPath, files.Tail(logPath, 10))
 		case <-ctx.Done():
 			// The agent may still come up: the next Create will find it.
 			return ctx.Err()
@@ -157,7 +158,7 @@ func (p *Provider) repairPIDFile(dir string) {
 		return
 	}
 	if pid := findAgent(dir); pid > 0 {
-		_ = sandbox.WriteFileAtomic(filepath.Join(dir, sandbox.PIDFile), []byte(strconv.Itoa(pid)+"\n"), 0o600)
+		_ = files.WriteAtomic(filepath.Join(dir, sandbox.PIDFile), []byte(strconv.Itoa(pid)+"\n"), 0o600)
 	}
 }
 
@@ -204,17 +205,4 @@ func findAgent(dir string) int {
 		}
 	}
 	return 0
-}
-
-// tail returns up to n last lines of a file, indented.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "    (" + err.Error() + ")"
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "    " + strings.Join(lines, "\n    ")
 }

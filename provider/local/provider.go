@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/provider"
 )
@@ -182,7 +183,7 @@ func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
 	if err := os.Rename(dir, tomb); err != nil {
 		return fmt.Errorf("deleting machine %s: %w", uid, err)
 	}
-	if err := sandbox.SyncDir(p.root); err != nil {
+	if err := files.SyncDir(p.root); err != nil {
 		return fmt.Errorf("deleting machine %s: %w", uid, err)
 	}
 	return p.removeLeftovers(uid)

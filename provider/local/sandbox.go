@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
+	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/provider"
 )
@@ -68,7 +69,7 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 		}
 		return nil, fmt.Errorf("moving the sandbox into place: %w", err)
 	}
-	if err := sandbox.SyncDir(p.root); err != nil {
+	if err := files.SyncDir(p.root); err != nil {
 		return nil, err
 	}
 	return b, nil

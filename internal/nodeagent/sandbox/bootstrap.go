@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"marina.dev/marina/internal/files"
 )
 
 // Files of a sandbox directory.
@@ -69,50 +71,5 @@ func WriteBootstrap(dir string, b *Bootstrap) error {
 	if err != nil {
 		return fmt.Errorf("encoding the bootstrap: %w", err)
 	}
-	return WriteFileAtomic(filepath.Join(dir, BootstrapFile), data, 0o600)
-}
-
-// WriteFileAtomic writes data to path so that a reader, or a crash, sees
-// either the old content or the new one, never a part: it writes a
-// temporary file in the same directory, syncs it and renames it over path.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // a no-op once renamed
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return SyncDir(dir)
-}
-
-// SyncDir makes a rename or a removal inside dir durable.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing directory %s: %w", dir, err)
-	}
-	return nil
+	return files.WriteAtomic(filepath.Join(dir, BootstrapFile), data, 0o600)
 }
