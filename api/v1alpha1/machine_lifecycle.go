@@ -19,3 +19,9 @@ const (
 	// before deletion (for a Node that is already gone or must go now).
 	ExcludeNodeDrainingAnnotation = "cluster.marina.dev/exclude-node-draining"
 )
+
+// ProviderKindAnnotation records, on a Machine a provider has taken, the
+// providerSpec kind ("group/version/Kind") that chose the provider, so the
+// machine stays with its provider even if its MachineClass is deleted. Set
+// by the machine controller; do not edit.
+const ProviderKindAnnotation = "cluster.marina.dev/provider-kind"

@@ -2,15 +2,14 @@ package main
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"marina.dev/marina/internal/manager"
+	"marina.dev/marina/provider"
 )
 
 func newControllerCommand() *cobra.Command {
@@ -43,7 +42,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				opts.Providers = append(opts.Providers, local)
 			}
 			for _, k := range externalKinds {
-				gvk, err := parseKind(k)
+				gvk, err := provider.ParseKind(k)
 				if err != nil {
 					return err
 				}
@@ -75,13 +74,4 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, `address of the metrics endpoint ("0" disables it)`)
 	f.StringVar(&opts.HealthAddr, "health-probe-bind-address", opts.HealthAddr, `address of /healthz and /readyz ("0" disables them)`)
 	return cmd
-}
-
-// parseKind parses "group/version/Kind".
-func parseKind(s string) (schema.GroupVersionKind, error) {
-	parts := strings.Split(s, "/")
-	if len(parts) != 3 || parts[1] == "" || parts[2] == "" {
-		return schema.GroupVersionKind{}, fmt.Errorf("kind %q: want group/version/Kind, e.g. ssh.marina.dev/v1alpha1/SSHMachine", s)
-	}
-	return schema.GroupVersionKind{Group: parts[0], Version: parts[1], Kind: parts[2]}, nil
 }

@@ -31,14 +31,20 @@ type timing struct {
 	lockWait time.Duration
 	// retryMax caps the backoff between failed registrations.
 	retryMax time.Duration
+	// tokenCheck is how often the token's age is checked; it is renewed
+	// past tokenRenewFraction of its lifetime.
+	tokenCheck         time.Duration
+	tokenRenewFraction float64
 }
 
 var defaultTiming = timing{
-	leaseRenew:    10 * time.Second,
-	leaseDuration: 40,
-	statusUpdate:  30 * time.Second,
-	lockWait:      2 * time.Second,
-	retryMax:      30 * time.Second,
+	leaseRenew:         10 * time.Second,
+	leaseDuration:      40,
+	statusUpdate:       30 * time.Second,
+	lockWait:           2 * time.Second,
+	retryMax:           30 * time.Second,
+	tokenCheck:         10 * time.Minute,
+	tokenRenewFraction: 0.5,
 }
 
 // Run runs the node agent of the sandbox dir until ctx ends. It first takes
@@ -68,14 +74,15 @@ func run(ctx context.Context, dir string, t timing) error {
 	if err := checkBootstrap(b); err != nil {
 		return fmt.Errorf("bootstrap of sandbox %s: %w", dir, err)
 	}
-	cs, err := newClient(b)
+	token := newBearerToken(b.Token)
+	cs, err := newClient(b, token)
 	if err != nil {
 		return err
 	}
 	log := klog.FromContext(ctx).WithValues("node", b.NodeName)
 	ctx, cancel := context.WithCancel(klog.NewContext(ctx, log))
 	defer cancel()
-	a := &agent{cs: cs, boot: b, dir: dir, stop: cancel, t: t, log: log}
+	a := &agent{cs: cs, token: token, boot: b, dir: dir, stop: cancel, t: t, log: log}
 	return a.run(ctx)
 }
 
@@ -93,11 +100,11 @@ func checkBootstrap(b *sandbox.Bootstrap) error {
 }
 
 // newClient builds a client for the workload cluster from the bootstrap
-// alone: its token and CA, nothing from the environment.
-func newClient(b *sandbox.Bootstrap) (kubernetes.Interface, error) {
+// alone: its token (renewable) and CA, nothing from the environment.
+func newClient(b *sandbox.Bootstrap, token *bearerToken) (kubernetes.Interface, error) {
 	cfg := &rest.Config{
 		Host:            b.Server,
-		BearerToken:     b.Token,
+		WrapTransport:   token.wrap,
 		TLSClientConfig: rest.TLSClientConfig{CAData: []byte(b.CAPEM)},
 		UserAgent:       "marina-node-agent/" + b.NodeName,
 		// Protobuf costs the API server and hundreds of agents less CPU.
@@ -117,12 +124,13 @@ func newClient(b *sandbox.Bootstrap) (kubernetes.Interface, error) {
 
 // agent is one running node agent.
 type agent struct {
-	cs   kubernetes.Interface
-	boot *sandbox.Bootstrap
-	dir  string
-	stop context.CancelFunc
-	t    timing
-	log  klog.Logger
+	cs    kubernetes.Interface
+	token *bearerToken
+	boot  *sandbox.Bootstrap
+	dir   string
+	stop  context.CancelFunc
+	t     timing
+	log   klog.Logger
 }
 
 // sandboxGone stops the agent if its sandbox was removed under it (a
@@ -152,6 +160,7 @@ func (a *agent) run(ctx context.Context) error {
 	wg.Go(func() { a.keepLease(ctx, node) })
 	wg.Go(func() { a.keepStatus(ctx) })
 	wg.Go(func() { a.runPods(ctx) })
+	wg.Go(func() { a.keepToken(ctx) })
 	wg.Wait()
 	a.log.Info("Node agent stopped")
 	return nil

@@ -34,6 +34,9 @@ var fast = timing{
 	statusUpdate:  time.Second,
 	lockWait:      200 * time.Millisecond,
 	retryMax:      time.Second,
+	// Tokens are renewed in their own test.
+	tokenCheck:         time.Hour,
+	tokenRenewFraction: 0.5,
 }
 
 func adminClient(t *testing.T) kubernetes.Interface {
@@ -130,7 +133,7 @@ func TestTokenIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, b := bootstrapDir(t, "whoami", token)
-	agentCS, err := newClient(b)
+	agentCS, err := newClient(b, newBearerToken(b.Token))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +147,7 @@ func TestTokenIdentity(t *testing.T) {
 	}
 
 	b.Token = "not-a-token"
-	bogus, err := newClient(b)
+	bogus, err := newClient(b, newBearerToken(b.Token))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,4 +394,64 @@ func nodeCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondi
 		}
 	}
 	return nil
+}
+
+// An agent renews its token past half its life, keeps working with the new
+// one, and records it in the sandbox for its next start.
+func TestAgentRenewsItsToken(t *testing.T) {
+	ctx := t.Context()
+	cs := adminClient(t)
+	if err := EnsureIdentity(ctx, cs); err != nil {
+		t.Fatal(err)
+	}
+	token, err := IssueToken(ctx, cs, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := "renew-" + rand.String(6)
+	dir, _ := bootstrapDir(t, node, token)
+	renewing := fast
+	renewing.tokenCheck = 100 * time.Millisecond
+	renewing.tokenRenewFraction = 0 // any token is old enough
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, dir, renewing) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	var renewed string
+	eventually(t, 30*time.Second, "a renewed token in the sandbox", func() error {
+		b, err := sandbox.ReadBootstrap(dir)
+		if err != nil {
+			return err
+		}
+		if b.Token == token {
+			return fmt.Errorf("token not renewed yet")
+		}
+		renewed = b.Token
+		return nil
+	})
+	issued, expires, err := tokenLifetime(renewed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if life := expires.Sub(issued); life < 59*time.Minute || life > 61*time.Minute {
+		t.Errorf("renewed token lives %s, want the original hour", life)
+	}
+	agentCS, err := newClient(&sandbox.Bootstrap{Server: env.Config.Host, CAPEM: string(env.Config.CAData)}, newBearerToken(renewed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agentCS.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil {
+		t.Errorf("the renewed token does not work: %v", err)
+	}
+}
+
+func TestRenewAtHalfLife(t *testing.T) {
+	issued := time.Unix(1000, 0)
+	if got, want := renewAt(issued, issued.Add(30*24*time.Hour), 0.5), issued.Add(15*24*time.Hour); !got.Equal(want) {
+		t.Errorf("renewAt = %v, want %v", got, want)
+	}
+	if _, _, err := tokenLifetime("not-a-jwt"); err == nil {
+		t.Error("a non-JWT token has a lifetime")
+	}
 }

@@ -40,10 +40,17 @@ var leaseRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update", "patch"}},
 }
 
+// tokenRules let an agent renew its own token before it expires, and
+// nothing else in kube-system.
+var tokenRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, ResourceNames: []string{ServiceAccountName}, Verbs: []string{"create"}},
+}
+
 // EnsureIdentity creates, or brings back to what marina expects, the
 // ServiceAccount kube-system/marina-node-agent, the ClusterRole and
-// ClusterRoleBinding marina:node-agent, and the Role and RoleBinding
-// marina:node-agent in kube-node-lease. cs must be allowed to manage RBAC
+// ClusterRoleBinding marina:node-agent, and the Roles and RoleBindings
+// marina:node-agent in kube-node-lease (its Lease) and kube-system (renewing
+// its own token). cs must be allowed to manage RBAC
 // (the workload cluster's administrator).
 func EnsureIdentity(ctx context.Context, cs kubernetes.Interface) error {
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ServiceAccountNamespace, Name: ServiceAccountName}}
@@ -58,10 +65,18 @@ func EnsureIdentity(ctx context.Context, cs kubernetes.Interface) error {
 	if err := ensureClusterRoleBinding(ctx, cs, subjects); err != nil {
 		return err
 	}
-	if err := ensureLeaseRole(ctx, cs); err != nil {
-		return err
+	for namespace, rules := range map[string][]rbacv1.PolicyRule{
+		corev1.NamespaceNodeLease: leaseRules,
+		ServiceAccountNamespace:   tokenRules,
+	} {
+		if err := ensureRole(ctx, cs, namespace, rules); err != nil {
+			return err
+		}
+		if err := ensureRoleBinding(ctx, cs, namespace, subjects); err != nil {
+			return err
+		}
 	}
-	return ensureLeaseRoleBinding(ctx, cs, subjects)
+	return nil
 }
 
 func ensureClusterRole(ctx context.Context, cs kubernetes.Interface) error {
@@ -103,9 +118,9 @@ func ensureClusterRoleBinding(ctx context.Context, cs kubernetes.Interface, subj
 	return nil
 }
 
-func ensureLeaseRole(ctx context.Context, cs kubernetes.Interface) error {
-	c := cs.RbacV1().Roles(corev1.NamespaceNodeLease)
-	want := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: RoleName}, Rules: leaseRules}
+func ensureRole(ctx context.Context, cs kubernetes.Interface, namespace string, rules []rbacv1.PolicyRule) error {
+	c := cs.RbacV1().Roles(namespace)
+	want := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: RoleName}, Rules: rules}
 	cur, err := c.Get(ctx, RoleName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -115,15 +130,15 @@ func ensureLeaseRole(ctx context.Context, cs kubernetes.Interface) error {
 		_, err = c.Update(ctx, cur, metav1.UpdateOptions{})
 	}
 	if err != nil {
-		return fmt.Errorf("ensuring role %s/%s: %w", corev1.NamespaceNodeLease, RoleName, err)
+		return fmt.Errorf("ensuring role %s/%s: %w", namespace, RoleName, err)
 	}
 	return nil
 }
 
-func ensureLeaseRoleBinding(ctx context.Context, cs kubernetes.Interface, subjects []rbacv1.Subject) error {
-	c := cs.RbacV1().RoleBindings(corev1.NamespaceNodeLease)
+func ensureRoleBinding(ctx context.Context, cs kubernetes.Interface, namespace string, subjects []rbacv1.Subject) error {
+	c := cs.RbacV1().RoleBindings(namespace)
 	want := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: RoleName},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: RoleName},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: RoleName},
 		Subjects:   subjects,
 	}
@@ -136,7 +151,7 @@ func ensureLeaseRoleBinding(ctx context.Context, cs kubernetes.Interface, subjec
 		_, err = c.Update(ctx, cur, metav1.UpdateOptions{})
 	}
 	if err != nil {
-		return fmt.Errorf("ensuring role binding %s/%s: %w", corev1.NamespaceNodeLease, RoleName, err)
+		return fmt.Errorf("ensuring role binding %s/%s: %w", namespace, RoleName, err)
 	}
 	return nil
 }

@@ -50,6 +50,7 @@ type Plane struct {
 	config   *rest.Config
 	failed   chan struct{} // closed when a child exits on its own
 	failure  error
+	stopping chan struct{} // closed when Stop begins: exits after it are expected
 }
 
 // host is where every component listens.
@@ -61,7 +62,7 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 	if opts.Progress == nil {
 		opts.Progress = io.Discard
 	}
-	p := &Plane{opts: opts, state: stateDir(opts.StateDir), failed: make(chan struct{})}
+	p := &Plane{opts: opts, state: stateDir(opts.StateDir), failed: make(chan struct{}), stopping: make(chan struct{})}
 	if err := p.checkBinaries(); err != nil {
 		return nil, err
 	}
@@ -107,7 +108,7 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 	if err := p.startChild("kube-controller-manager", p.controllerManagerArgs()); err != nil {
 		return nil, err
 	}
-	go p.watchChildren()
+	go p.watchChildren(append([]*child(nil), p.children...))
 	return p, nil
 }
 
@@ -136,6 +137,11 @@ func (p *Plane) PIDs() map[string]int {
 // Stop stops the components in reverse start order and releases the state
 // directory. It is safe to call more than once.
 func (p *Plane) Stop() error {
+	select {
+	case <-p.stopping:
+	default:
+		close(p.stopping)
+	}
 	var errs []error
 	for i := len(p.children) - 1; i >= 0; i-- {
 		if err := p.children[i].stop(); err != nil {
@@ -200,15 +206,24 @@ func (p *Plane) startChild(name string, args []string) error {
 	return nil
 }
 
-// watchChildren reports the first component that exits while the plane runs.
-func (p *Plane) watchChildren() {
-	cases := make(chan *child, len(p.children))
-	for _, c := range p.children {
-		go func() { <-c.done; cases <- c }()
+// watchChildren reports the first component that exits on its own while the
+// plane runs; exits caused by Stop are not failures.
+func (p *Plane) watchChildren(children []*child) {
+	exited := make(chan *child, len(children))
+	for _, c := range children {
+		go func() { <-c.done; exited <- c }()
 	}
-	c := <-cases
-	p.failure = c.exitError()
-	close(p.failed)
+	select {
+	case c := <-exited:
+		select {
+		case <-p.stopping:
+			return
+		default:
+		}
+		p.failure = c.exitError()
+		close(p.failed)
+	case <-p.stopping:
+	}
 }
 
 // waitReady polls /readyz until the API server answers ok, failing fast when a

@@ -1,6 +1,7 @@
 package plane
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -160,13 +161,28 @@ func (d stateDir) ensurePKI(now time.Time) (*certs, error) {
 func (d stateDir) ensureServiceAccountKey() error {
 	keyPath := filepath.Join(d.pki(), "sa.key")
 	pubPath := filepath.Join(d.pki(), "sa.pub")
-	if data, err := os.ReadFile(keyPath); err == nil {
-		if block, _ := pem.Decode(data); block == nil {
+	data, err := os.ReadFile(keyPath)
+	switch {
+	case err == nil:
+		// The key exists: never replace it, or every issued token dies.
+		block, _ := pem.Decode(data)
+		if block == nil {
 			return d.corrupt("pki/sa.key", errors.New("no PEM block"))
+		}
+		key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+		if err != nil {
+			return d.corrupt("pki/sa.key", err)
 		}
 		if _, err := os.Stat(pubPath); err == nil {
 			return nil
 		}
+		signer, ok := key.(interface{ Public() crypto.PublicKey })
+		if !ok {
+			return d.corrupt("pki/sa.key", errors.New("not a signing key"))
+		}
+		return writePublicKey(pubPath, signer.Public())
+	case !errors.Is(err, fs.ErrNotExist):
+		return d.corrupt("pki/sa.key", err)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -176,14 +192,18 @@ func (d stateDir) ensureServiceAccountKey() error {
 	if err != nil {
 		return fmt.Errorf("encoding service account key: %w", err)
 	}
-	pubDER, err := x509.MarshalPKIXPublicKey(key.Public())
-	if err != nil {
-		return fmt.Errorf("encoding service account public key: %w", err)
-	}
 	if err := files.WriteAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		return err
 	}
-	return files.WriteAtomic(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o600)
+	return writePublicKey(pubPath, key.Public())
+}
+
+func writePublicKey(path string, pub crypto.PublicKey) error {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return fmt.Errorf("encoding service account public key: %w", err)
+	}
+	return files.WriteAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600)
 }
 
 // writeKubeconfig writes a kubeconfig (0600) that reaches server as the

@@ -72,6 +72,7 @@ type Cache struct {
 
 	mu       sync.Mutex
 	clusters map[types.NamespacedName]*Cluster
+	building map[types.NamespacedName]*sync.Mutex
 }
 
 // NewCache builds a Cache that reads kubeconfig Secrets through mgmt.
@@ -82,7 +83,8 @@ func NewCache(mgmt client.Reader, scheme *runtime.Scheme, opts Options) *Cache {
 	if opts.SyncTimeout <= 0 {
 		opts.SyncTimeout = 30 * time.Second
 	}
-	return &Cache{mgmt: mgmt, scheme: scheme, opts: opts, clusters: map[types.NamespacedName]*Cluster{}}
+	return &Cache{mgmt: mgmt, scheme: scheme, opts: opts, clusters: map[types.NamespacedName]*Cluster{},
+		building: map[types.NamespacedName]*sync.Mutex{}}
 }
 
 // Get returns access to the cluster, building it on first use and rebuilding
@@ -93,28 +95,58 @@ func (c *Cache) Get(ctx context.Context, cluster types.NamespacedName) (*Cluster
 	key := types.NamespacedName{Namespace: cluster.Namespace, Name: KubeconfigSecretName(cluster.Name)}
 	if err := c.mgmt.Get(ctx, key, secret); err != nil {
 		if apierrors.IsNotFound(err) {
+			c.Forget(cluster) // its informers would watch a cluster nobody may reach
 			return nil, fmt.Errorf("cluster %s: %w", cluster, ErrKubeconfigMissing)
 		}
 		return nil, fmt.Errorf("reading kubeconfig Secret %s: %w", key, err)
 	}
 
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cl, ok := c.clusters[cluster]; ok {
-		if cl.secretVersion == secret.ResourceVersion {
-			cl.lastUsed = time.Now()
-			return cl, nil
-		}
-		cl.stop()
-		delete(c.clusters, cluster)
+	if cl := c.current(cluster, secret.ResourceVersion); cl != nil {
+		return cl, nil
+	}
+	// One build per cluster at a time, and none under c.mu: a cluster that
+	// does not answer must not hold up machines of the others.
+	building := c.buildLock(cluster)
+	building.Lock()
+	defer building.Unlock()
+	if cl := c.current(cluster, secret.ResourceVersion); cl != nil {
+		return cl, nil
 	}
 	cl, err := c.build(ctx, cluster, secret)
 	if err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.clusters[cluster]; ok {
+		old.stop()
+	}
 	c.evictLocked()
 	c.clusters[cluster] = cl
 	return cl, nil
+}
+
+// current returns the cached cluster if it was built from secretVersion.
+func (c *Cache) current(cluster types.NamespacedName, secretVersion string) *Cluster {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl, ok := c.clusters[cluster]
+	if !ok || cl.secretVersion != secretVersion {
+		return nil
+	}
+	cl.lastUsed = time.Now()
+	return cl
+}
+
+func (c *Cache) buildLock(cluster types.NamespacedName) *sync.Mutex {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.building[cluster]
+	if !ok {
+		l = &sync.Mutex{}
+		c.building[cluster] = l
+	}
+	return l
 }
 
 // Forget drops a cluster (for example when it is deleted).

@@ -88,7 +88,8 @@ func (p *Provider) stopAgent(ctx context.Context, dir string) error {
 	}
 	pid := p.agentPID(dir)
 	if pid == 0 {
-		return fmt.Errorf("an agent holds the lock of sandbox %s, but no process with --sandbox %s is visible to stop", dir, dir)
+		return fmt.Errorf("an agent holds the lock of sandbox %s, but no process with --sandbox %s is visible to stop: "+
+			"stop the process holding %s/agent.lock (fuser %s/agent.lock names it), and deletion resumes", dir, dir, dir, dir)
 	}
 	if err := signalAgent(pid, syscall.SIGTERM); err != nil {
 		return err

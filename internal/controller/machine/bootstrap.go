@@ -32,6 +32,9 @@ func (r *Reconciler) bootstrap(ctx context.Context, cl *remote.Cluster) (provide
 	}
 	token, err := nodeagent.IssueToken(ctx, cl.Clientset, agentTokenTTL)
 	if err != nil {
+		// The identity may have been removed from the cluster: ensure it
+		// again next time rather than trusting the cache.
+		r.identity.forget(cl)
 		return provider.Bootstrap{}, fmt.Errorf("issuing the node agent's token: %w", err)
 	}
 	return provider.Bootstrap{Server: cl.Config.Host, CAData: cl.Config.CAData, Token: token}, nil
@@ -39,16 +42,27 @@ func (r *Reconciler) bootstrap(ctx context.Context, cl *remote.Cluster) (provide
 
 func (c *identityCache) ensure(ctx context.Context, cl *remote.Cluster) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done[cl.Config.Host] {
+	done := c.done[cl.Config.Host]
+	c.mu.Unlock()
+	if done {
 		return nil
 	}
+	// Not under the lock: a slow cluster must not hold up the others, and
+	// EnsureIdentity is idempotent, so two concurrent calls do no harm.
 	if err := nodeagent.EnsureIdentity(ctx, cl.Clientset); err != nil {
 		return fmt.Errorf("creating the node agent identity in the workload cluster: %w", err)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.done == nil {
 		c.done = map[string]bool{}
 	}
 	c.done[cl.Config.Host] = true
 	return nil
+}
+
+func (c *identityCache) forget(cl *remote.Cluster) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.done, cl.Config.Host)
 }

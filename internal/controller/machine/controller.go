@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -53,7 +54,9 @@ type Reconciler struct {
 	opts     Options
 	// nodeEvents carries Node changes from workload clusters to the queue.
 	nodeEvents chan event.TypedGenericEvent[*clusterv1.Machine]
-	identity   identityCache
+	// done ends blocked sends to nodeEvents when the manager stops.
+	done     <-chan struct{}
+	identity identityCache
 }
 
 // Field indexes on Machines in the management cache.
@@ -82,6 +85,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 		recorder:   mgr.GetEventRecorder("machine-controller"),
 		opts:       opts,
 		nodeEvents: make(chan event.TypedGenericEvent[*clusterv1.Machine], 1024),
+		done:       ctx.Done(),
 	}
 	r.clusters = remote.NewCache(mgr.GetClient(), mgr.GetScheme(), remote.Options{
 		SyncTimeout: 10 * time.Second,
@@ -134,7 +138,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if !m.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, m, prov)
 	}
-	if err := r.ensureMetadata(ctx, m); err != nil {
+	if err := r.ensureMetadata(ctx, m, kind); err != nil {
 		return ctrl.Result{}, err
 	}
 	if r.crashed("after-metadata") {
@@ -147,11 +151,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 func (r *Reconciler) patchStatus(ctx context.Context, before, m *clusterv1.Machine) error {
 	m.Status.Phase = phaseOf(m)
 	m.Status.ObservedGeneration = m.Generation
-	if equality.Semantic.DeepEqual(before.Status, m.Status) {
+	if equality.Semantic.DeepEqual(before.Status, m.Status) || (!m.DeletionTimestamp.IsZero() && len(m.Finalizers) == 0) {
 		return nil
 	}
 	if err := r.client.Status().Patch(ctx, m, client.MergeFrom(before)); err != nil {
-		return fmt.Errorf("writing status of machine %s: %w", klog.KObj(m), client.IgnoreNotFound(err))
+		if apierrors.IsNotFound(err) {
+			return nil // the finalizer is gone and the machine with it
+		}
+		return fmt.Errorf("writing status of machine %s: %w", klog.KObj(m), err)
 	}
 	return nil
 }

@@ -32,13 +32,22 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		return ctrl.Result{}, nil
 	}
 	cl, err := r.clusters.Get(ctx, clusterKey(m))
-	switch {
-	case errors.Is(err, remote.ErrKubeconfigMissing):
-		cl = nil // the cluster is gone: there is no Node to drain or remove
-	case err != nil:
-		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionUnknown, clusterv1.MachineClusterUnreachableReason,
-			fmt.Sprintf("cannot reach cluster %s to drain the node (retrying with backoff): %v", m.Spec.ClusterName, err))
-		return ctrl.Result{}, fmt.Errorf("reaching cluster %s: %w", m.Spec.ClusterName, err)
+	if err != nil {
+		gone, goneErr := r.clusterGoing(ctx, m)
+		switch {
+		case goneErr != nil:
+			return ctrl.Result{}, goneErr
+		case gone:
+			cl = nil // the whole cluster goes: no Node to drain or remove
+		case errors.Is(err, remote.ErrKubeconfigMissing):
+			setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineWaitingForControlPlaneReason,
+				fmt.Sprintf("waiting for the kubeconfig Secret %s to drain and remove the node before deleting the machine", remote.KubeconfigSecretName(m.Spec.ClusterName)))
+			return ctrl.Result{}, nil // the Secret watch brings the machine back
+		default:
+			setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineClusterUnreachableReason,
+				fmt.Sprintf("cannot reach cluster %s to drain the node (retrying with backoff): %v", m.Spec.ClusterName, err))
+			return ctrl.Result{}, fmt.Errorf("reaching cluster %s: %w", m.Spec.ClusterName, err)
+		}
 	}
 	node, err := r.nodeForDeletion(ctx, m, prov, cl)
 	if err != nil {
@@ -74,6 +83,20 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 	return ctrl.Result{}, nil
 }
 
+// clusterGoing reports whether the machine's Cluster is deleted or being
+// deleted: then its Nodes go with it and need no drain.
+func (r *Reconciler) clusterGoing(ctx context.Context, m *clusterv1.Machine) (bool, error) {
+	cluster := &clusterv1.Cluster{}
+	err := r.client.Get(ctx, clusterKey(m), cluster)
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("reading cluster %s: %w", m.Spec.ClusterName, err)
+	}
+	return !cluster.DeletionTimestamp.IsZero(), nil
+}
+
 // nodeForDeletion finds the machine's Node, even when the controller died
 // before it recorded nodeRef or providerID: the provider still knows the
 // providerID of the machine it made for this UID.
@@ -91,6 +114,9 @@ func (r *Reconciler) nodeForDeletion(ctx context.Context, m *clusterv1.Machine, 
 			return nil, fmt.Errorf("describing machine with provider %s: %w", prov.Name(), err)
 		}
 		providerID = inst.ProviderID
+		// Recorded so that a later pass still finds the Node after the
+		// provider has forgotten the machine.
+		m.Status.ProviderID = providerID
 	}
 	return cl.NodeByProviderID(ctx, providerID)
 }

@@ -29,9 +29,11 @@ func (r *Reconciler) reconcileUnowned(ctx context.Context, m *clusterv1.Machine,
 	}
 	before := m.DeepCopy()
 	switch {
+	case kindErr != nil && !apierrors.IsNotFound(kindErr):
+		return ctrl.Result{}, kindErr
 	case kindErr != nil:
 		setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, clusterv1.MachineClassNotFoundReason,
-			kindErr.Error()+"; create the MachineClass or fix spec.classRef.name")
+			kindErr.Error()+"; create the MachineClass (kubectl get machineclasses lists those that exist)")
 	default:
 		setCondition(m, clusterv1.MachineProvisionedCondition, metav1.ConditionFalse, clusterv1.MachineProviderNotFoundReason,
 			fmt.Sprintf("no provider owns providerSpec kind %q (apiVersion %q); providers running here own %v: fix the kind, or start the provider that owns it",
@@ -54,9 +56,15 @@ func isExternal(kind schema.GroupVersionKind, external []schema.GroupVersionKind
 
 // ensureMetadata puts the finalizer and the owner reference to the Cluster
 // on the machine in one patch, and restores them if someone stripped them.
-func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine) error {
+func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine, kind schema.GroupVersionKind) error {
 	before := m.DeepCopy()
 	controllerutil.AddFinalizer(m, clusterv1.MachineFinalizer)
+	if m.Annotations[clusterv1.ProviderKindAnnotation] != provider.FormatKind(kind) {
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[clusterv1.ProviderKindAnnotation] = provider.FormatKind(kind)
+	}
 	cluster := &clusterv1.Cluster{}
 	switch err := r.client.Get(ctx, clusterKey(m), cluster); {
 	case err == nil:
@@ -66,7 +74,7 @@ func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine) e
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("reading cluster %s: %w", m.Spec.ClusterName, err)
 	}
-	if equalMetadata(before, m) {
+	if equalMetadata(before, m) && before.Annotations[clusterv1.ProviderKindAnnotation] == m.Annotations[clusterv1.ProviderKindAnnotation] {
 		return nil
 	}
 	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
@@ -117,7 +125,7 @@ func (r *Reconciler) resolve(ctx context.Context, m *clusterv1.Machine, prov pro
 		if err := r.client.Get(ctx, types.NamespacedName{Name: m.Spec.ClassRef.Name}, mc); err != nil {
 			if apierrors.IsNotFound(err) {
 				setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, clusterv1.MachineClassNotFoundReason,
-					fmt.Sprintf("MachineClass %q does not exist: create it, or fix spec.classRef.name", m.Spec.ClassRef.Name))
+					fmt.Sprintf("MachineClass %q does not exist: create it again (kubectl get machineclasses lists those that exist)", m.Spec.ClassRef.Name))
 				setReady(m)
 				return nil, nil
 			}

@@ -21,7 +21,8 @@ func phaseOf(m *clusterv1.Machine) clusterv1.MachinePhase {
 		return clusterv1.MachinePhaseRunning
 	case s.ProviderID != "":
 		return clusterv1.MachinePhaseProvisioned
-	case conditionReason(m, clusterv1.MachineProvisionedCondition) == clusterv1.MachineProvisioningReason:
+	case conditionReason(m, clusterv1.MachineProvisionedCondition) == clusterv1.MachineProvisioningReason,
+		conditionReason(m, clusterv1.MachineProvisionedCondition) == clusterv1.MachineProvisioningFailedReason:
 		return clusterv1.MachinePhaseProvisioning
 	default:
 		return clusterv1.MachinePhasePending

@@ -15,6 +15,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/remote"
+	"marina.dev/marina/provider"
 )
 
 func indexMachines(ctx context.Context, mgr ctrl.Manager) error {
@@ -78,10 +79,15 @@ func (r *Reconciler) nodeChanged(e remote.NodeEvent) {
 	err := r.client.List(context.Background(), list, client.InNamespace(e.Cluster.Namespace),
 		client.MatchingFields{providerIDIndex: e.Node.Spec.ProviderID})
 	if err != nil {
+		ctrl.Log.WithName("machine").Error(err, "Listing machines for a node event", "node", e.Node.Name)
 		return
 	}
 	for i := range list.Items {
-		r.nodeEvents <- event.TypedGenericEvent[*clusterv1.Machine]{Object: &list.Items[i]}
+		select {
+		case r.nodeEvents <- event.TypedGenericEvent[*clusterv1.Machine]{Object: &list.Items[i]}:
+		case <-r.done:
+			return
+		}
 	}
 }
 
@@ -89,6 +95,13 @@ func (r *Reconciler) nodeChanged(e remote.NodeEvent) {
 // providerSpec when it names one (overrides name the class's kind too), else
 // from its class.
 func (r *Reconciler) kindOf(ctx context.Context, m *clusterv1.Machine) (schema.GroupVersionKind, error) {
+	// Once a provider has taken the machine, the kind is recorded on it, so
+	// that deleting its class can never orphan it.
+	if recorded, ok := m.Annotations[clusterv1.ProviderKindAnnotation]; ok {
+		if gvk, err := provider.ParseKind(recorded); err == nil {
+			return gvk, nil
+		}
+	}
 	if m.Spec.ProviderSpec != nil {
 		if gvk := gvkOf(m.Spec.ProviderSpec.Raw); gvk.Kind != "" {
 			return gvk, nil
