@@ -29,13 +29,15 @@ func testOptions(t *testing.T, stateDir, kubeVersion string) Options {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One block of three: two separate picks could hand out the same port.
+	base := testenv.FreePorts(t, 3)
 	return Options{
 		StateDir:    stateDir,
 		BinDir:      binDir,
 		KubeVersion: kubeVersion,
 		EtcdVersion: tools.Pinned().Etcd,
-		APIPort:     testenv.FreePorts(t, 1),
-		EtcdPort:    testenv.FreePorts(t, 2),
+		APIPort:     base,
+		EtcdPort:    base + 1,
 	}
 }
 

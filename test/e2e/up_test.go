@@ -51,10 +51,11 @@ func startUp(t *testing.T, stateDir string) *upProcess {
 		t.Fatal(err)
 	}
 	out := &syncBuffer{}
+	base := testenv.FreePorts(t, 3) // API, etcd client, etcd peer
 	cmd := exec.Command(marinaBin, "up",
 		"--state-dir", stateDir, "--bin-dir", binDir,
-		"--api-port", strconv.Itoa(testenv.FreePorts(t, 1)),
-		"--etcd-port", strconv.Itoa(testenv.FreePorts(t, 2)))
+		"--api-port", strconv.Itoa(base),
+		"--etcd-port", strconv.Itoa(base+1))
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting marina up: %v", err)
