@@ -84,7 +84,7 @@ func runProvision(b *testing.B, n int) {
 	defer cleanupSandboxes(b, marina, sandboxes)
 
 	cs := kubernetes.NewForConfigOrDie(mgmt.Config)
-	writesBefore := apiWrites(b, cs)
+	writesBefore, conflictsBefore := apiWritesAndConflicts(b, cs)
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		must(b, mgmt.Client.Create(ctx, &clusterv1.Machine{
@@ -129,7 +129,8 @@ func runProvision(b *testing.B, n int) {
 		}
 		settle = now
 	}
-	writes := apiWrites(b, cs) - writesBefore
+	writesAfter, conflictsAfter := apiWritesAndConflicts(b, cs)
+	writes, conflicts := writesAfter-writesBefore, conflictsAfter-conflictsBefore
 	peakRSS := vmHWM(b, ctl.Process.Pid)
 
 	durations := make([]time.Duration, 0, n)
@@ -144,6 +145,7 @@ func runProvision(b *testing.B, n int) {
 	fmt.Printf("all Running with Ready nodes in:  %s (%.2f machines/s)\n", all.Round(time.Millisecond), float64(n)/all.Seconds())
 	fmt.Printf("median time to Running+Ready:     %s\n", median.Round(time.Millisecond))
 	fmt.Printf("management API writes:            %.0f total, %.2f per machine (incl. the Machine's own create)\n", writes, writes/float64(n))
+	fmt.Printf("of which 409 conflicts:           %.0f\n", conflicts)
 	fmt.Printf("controller peak RSS:              %.1f MiB\n", float64(peakRSS)/1024)
 	b.ReportMetric(all.Seconds(), "s/all-ready")
 	b.ReportMetric(median.Seconds(), "s/median-ready")
@@ -154,9 +156,14 @@ func runProvision(b *testing.B, n int) {
 // apiWrites sums apiserver_request_total over write verbs, whatever the
 // resource or response code.
 func apiWrites(b *testing.B, cs kubernetes.Interface) float64 {
+	w, _ := apiWritesAndConflicts(b, cs)
+	return w
+}
+
+// apiWritesAndConflicts also counts the writes refused with 409 Conflict.
+func apiWritesAndConflicts(b *testing.B, cs kubernetes.Interface) (writes, conflicts float64) {
 	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	must(b, err)
-	var total float64
 	sc := bufio.NewScanner(strings.NewReader(string(raw)))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -176,9 +183,12 @@ func apiWrites(b *testing.B, cs kubernetes.Interface) float64 {
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
 		must(b, err)
-		total += v
+		writes += v
+		if strings.Contains(line, `code="409"`) {
+			conflicts += v
+		}
 	}
-	return total
+	return writes, conflicts
 }
 
 // vmHWM is a process's peak resident set size in KiB.
