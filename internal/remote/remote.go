@@ -45,6 +45,7 @@ type Cluster struct {
 	secretVersion string
 	stop          context.CancelFunc
 	lastUsed      time.Time
+	lastHealthy   time.Time
 }
 
 // NodeEvent tells that a Node of a cluster changed.
@@ -62,6 +63,10 @@ type Options struct {
 	SyncTimeout time.Duration
 	// OnNodeEvent is called (from informer goroutines) when a Node changes.
 	OnNodeEvent func(NodeEvent)
+	// HealthInterval is how often a cached cluster's API server is probed
+	// (/readyz) before it is handed out again; a cluster that does not
+	// answer is dropped, so its stale Node cache is never trusted.
+	HealthInterval time.Duration
 }
 
 // Cache holds one Cluster per workload cluster.
@@ -83,6 +88,9 @@ func NewCache(mgmt client.Reader, scheme *runtime.Scheme, opts Options) *Cache {
 	if opts.SyncTimeout <= 0 {
 		opts.SyncTimeout = 30 * time.Second
 	}
+	if opts.HealthInterval <= 0 {
+		opts.HealthInterval = 30 * time.Second
+	}
 	return &Cache{mgmt: mgmt, scheme: scheme, opts: opts, clusters: map[types.NamespacedName]*Cluster{},
 		building: map[types.NamespacedName]*sync.Mutex{}}
 }
@@ -102,6 +110,9 @@ func (c *Cache) Get(ctx context.Context, cluster types.NamespacedName) (*Cluster
 	}
 
 	if cl := c.current(cluster, secret.ResourceVersion); cl != nil {
+		if err := c.checkHealth(ctx, cluster, cl); err != nil {
+			return nil, err
+		}
 		return cl, nil
 	}
 	// One build per cluster at a time, and none under c.mu: a cluster that
@@ -124,6 +135,28 @@ func (c *Cache) Get(ctx context.Context, cluster types.NamespacedName) (*Cluster
 	c.evictLocked()
 	c.clusters[cluster] = cl
 	return cl, nil
+}
+
+// checkHealth probes the cluster's API server at most once per
+// HealthInterval. One that does not answer is dropped: the informers keep a
+// stale picture of a dead cluster, which must not read as "all is well".
+func (c *Cache) checkHealth(ctx context.Context, key types.NamespacedName, cl *Cluster) error {
+	c.mu.Lock()
+	due := time.Since(cl.lastHealthy) >= c.opts.HealthInterval
+	c.mu.Unlock()
+	if !due {
+		return nil
+	}
+	probeCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := cl.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(probeCtx); err != nil {
+		c.Forget(key)
+		return fmt.Errorf("cluster %s at %s does not answer: %w", key, cl.Config.Host, err)
+	}
+	c.mu.Lock()
+	cl.lastHealthy = time.Now()
+	c.mu.Unlock()
+	return nil
 }
 
 // current returns the cached cluster if it was built from secretVersion.
@@ -252,6 +285,7 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 		secretVersion: secret.ResourceVersion,
 		stop:          stop,
 		lastUsed:      time.Now(),
+		lastHealthy:   time.Now(),
 	}, nil
 }
 

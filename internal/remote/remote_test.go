@@ -1,0 +1,171 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/internal/testenv"
+)
+
+// One API server plays the management plane (it holds the Secret), another
+// the workload cluster; the test stops the latter to make it unreachable.
+func TestCacheFollowsTheSecretAndDropsDeadClusters(t *testing.T) {
+	ctx := context.Background()
+	mgmt, err := testenv.StartWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgmt.Stop()
+	workload, err := testenv.StartWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer workload.Stop()
+	// The cluster is reached through a proxy the test can cut, as a network
+	// failure or a dead control plane would.
+	proxy := startProxy(t, strings.Trim(strings.TrimPrefix(workload.Config.Host, "https://"), "/"))
+	kubeconfig := throughProxy(t, workload.Kubeconfig, proxy.addr())
+
+	events := make(chan string, 16)
+	c := NewCache(mgmt.Client, scheme.New(), Options{
+		SyncTimeout:    5 * time.Second,
+		HealthInterval: 50 * time.Millisecond,
+		OnNodeEvent:    func(e NodeEvent) { events <- e.Node.Name },
+	})
+	defer c.Stop()
+	key := types.NamespacedName{Namespace: "default", Name: "c1"}
+
+	if _, err := c.Get(ctx, key); !errors.Is(err, ErrKubeconfigMissing) {
+		t.Fatalf("Get without a Secret = %v, want ErrKubeconfigMissing", err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: KubeconfigSecretName("c1"), Namespace: "default"},
+		Data:       map[string][]byte{KubeconfigSecretKey: kubeconfig},
+	}
+	if err := mgmt.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	first, err := c.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.Get(ctx, key)
+	if err != nil || again != first {
+		t.Errorf("a second Get rebuilt the cluster (err %v)", err)
+	}
+
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{ProviderID: "local://abc"}}
+	if err := workload.Client.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case name := <-events:
+		if name != "n1" {
+			t.Errorf("node event for %q, want n1", name)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no node event for a new Node")
+	}
+	found, err := first.NodeByProviderID(ctx, "local://abc")
+	if err != nil || found == nil || found.Name != "n1" {
+		t.Errorf("NodeByProviderID = %v, %v; want n1", found, err)
+	}
+
+	secret.Annotations = map[string]string{"rotated": "yes"}
+	if err := mgmt.Client.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	rebuilt, err := c.Get(ctx, key)
+	if err != nil || rebuilt == first {
+		t.Errorf("a changed Secret did not rebuild the cluster (err %v)", err)
+	}
+
+	proxy.cut()
+	// Get runs with its own context: the poll's deadline must not be what
+	// makes it fail.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		_, err := c.Get(ctx, key)
+		return err != nil && strings.Contains(err.Error(), "does not answer"), nil
+	})
+	if err != nil {
+		t.Fatal("a cluster whose API server is gone is still handed out")
+	}
+}
+
+// proxy forwards TCP connections to a target until cut.
+type proxy struct {
+	l     net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{l: l}
+	t.Cleanup(p.cut)
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(out, in); out.Close() }()
+			go func() { _, _ = io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *proxy) addr() string { return p.l.Addr().String() }
+
+func (p *proxy) cut() {
+	p.l.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// throughProxy rewrites a kubeconfig's server to go through addr.
+func throughProxy(t *testing.T, kubeconfig []byte, addr string) []byte {
+	t.Helper()
+	cfg, err := clientcmd.Load(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + addr
+	}
+	out, err := clientcmd.Write(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
