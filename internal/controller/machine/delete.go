@@ -64,6 +64,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 	if err := prov.Delete(ctx, m.UID); err != nil {
 		return ctrl.Result{}, fmt.Errorf("deleting machine with provider %s: %w", prov.Name(), err)
 	}
+	r.recorder.Eventf(m, nil, corev1.EventTypeNormal, "MachineDeleted", "Delete", "provider %s deleted the machine", prov.Name())
 	if r.crashed("after-provider-delete") {
 		return ctrl.Result{}, errCrash
 	}
@@ -151,6 +152,9 @@ func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote
 	reason := clusterv1.MachineDrainingReason
 	if len(res.Blocked) > 0 {
 		reason = clusterv1.MachineDrainBlockedReason
+	}
+	if meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition) == nil {
+		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, clusterv1.MachineDrainingReason, "Drain", "draining node %s: %s", node, res.String())
 	}
 	// The condition stays False while draining, so its lastTransitionTime is
 	// when the drain started, across restarts of the controller.

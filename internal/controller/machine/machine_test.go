@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -142,6 +144,19 @@ func TestMachineRunsJoinsAndDrainsOnDelete(t *testing.T) {
 		return apierrors.IsNotFound(err), nil
 	})
 	f.waitGone(m, deleteTimeout)
+	eventually(t, 30*time.Second, "Draining and MachineDeleted events for the operator", func() (bool, error) {
+		list := &eventsv1.EventList{}
+		if err := mgmt.Client.List(ctx, list, client.InNamespace(f.ns)); err != nil {
+			return false, err
+		}
+		seen := map[string]bool{}
+		for _, e := range list.Items {
+			if e.Regarding.UID == got.UID {
+				seen[e.Reason] = true
+			}
+		}
+		return seen[clusterv1.MachineDrainingReason] && seen["MachineDeleted"], fmt.Errorf("events seen: %v", seen)
+	})
 
 	if _, err := f.node(node.Name); !apierrors.IsNotFound(err) {
 		t.Errorf("node %s still exists after the machine is gone (err %v)", node.Name, err)
