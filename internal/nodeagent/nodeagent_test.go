@@ -48,22 +48,8 @@ func adminClient(t *testing.T) kubernetes.Interface {
 	return cs
 }
 
-// eventually polls cond every 100ms until it returns nil, failing the test
-// with cond's last error after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+// eventually waits for cond; see testenv.Eventually.
+var eventually = testenv.Eventually
 
 // bootstrapDir writes a sandbox for a node agent of env's API server that
 // authenticates with token.

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -232,4 +233,22 @@ func StartControllerManager(t testing.TB, env *Env, controllers []string, extraA
 			t.Logf("last lines of kube-controller-manager's log:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
 		}
 	})
+}
+
+// Eventually polls cond every 100ms until it returns nil, and fails the test
+// with cond's last error when timeout passes first: tests wait for a
+// condition, never for a fixed time.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

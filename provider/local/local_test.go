@@ -132,20 +132,8 @@ func agentsOf(dir string) int {
 	return n
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// eventually waits for cond; see testenv.Eventually.
+var eventually = testenv.Eventually
 
 func TestValidate(t *testing.T) {
 	p := &Provider{}
