@@ -53,14 +53,18 @@ var bootID = string(uuid.NewUUID())
 // identity match the bootstrap, then posts its full status.
 func (a *agent) register(ctx context.Context) (nodeRef, error) {
 	nodes := a.cs.CoreV1().Nodes()
+	// Registered with its status, as the kubelet does: whoever watches Nodes
+	// sees a ready, versioned Node in one event, not two.
 	want := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: a.boot.NodeName, Labels: a.labels()},
 		Spec:       corev1.NodeSpec{ProviderID: a.boot.ProviderID, Taints: a.boot.Taints},
+		Status:     a.status(nil).nodeStatus(),
 	}
-	_, err := nodes.Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
+	created, err := nodes.Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
 	switch {
 	case err == nil:
 		a.log.Info("Registered node")
+		return nodeRef{Name: created.Name, UID: created.UID}, nil
 	case apierrors.IsAlreadyExists(err):
 		if err := a.adoptNode(ctx); err != nil {
 			return nodeRef{}, err
@@ -166,46 +170,9 @@ func (a *agent) postStatus(ctx context.Context) (*corev1.Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading node %s: %w", a.boot.NodeName, err)
 	}
-	now := metav1.Now()
-	conds := []corev1.NodeCondition{
-		{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: reasonMemory, Message: messageNoPressure},
-		{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: reasonDisk, Message: messageNoPressure},
-		{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: reasonPID, Message: messageNoPressure},
-		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: reasonReady, Message: messageReady},
-	}
-	for i := range conds {
-		conds[i].LastHeartbeatTime = now
-		conds[i].LastTransitionTime = now
-		for _, c := range cur.Status.Conditions {
-			if c.Type == conds[i].Type && c.Status == conds[i].Status && !c.LastTransitionTime.IsZero() {
-				conds[i].LastTransitionTime = c.LastTransitionTime
-			}
-		}
-	}
-	runtimeVersion := a.boot.ContainerRuntimeVersion
-	if runtimeVersion == "" {
-		runtimeVersion = simulatedRuntimeName
-	}
 	patch := struct {
 		Status statusPatch `json:"status"`
-	}{statusPatch{
-		Capacity:    a.boot.Capacity,
-		Allocatable: a.boot.Capacity,
-		Conditions:  conds,
-		Addresses: []corev1.NodeAddress{
-			{Type: corev1.NodeInternalIP, Address: a.boot.Address},
-			{Type: corev1.NodeHostName, Address: a.boot.NodeName},
-		},
-		NodeInfo: corev1.NodeSystemInfo{
-			BootID:                  bootID,
-			KernelVersion:           simulatedKernel,
-			OSImage:                 simulatedOSImage,
-			ContainerRuntimeVersion: runtimeVersion,
-			KubeletVersion:          a.boot.KubeletVersion,
-			OperatingSystem:         "linux",
-			Architecture:            runtime.GOARCH,
-		},
-	}}
+	}{a.status(cur)}
 	data, err := json.Marshal(patch)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the node status: %w", err)
@@ -225,4 +192,55 @@ type statusPatch struct {
 	Conditions  []corev1.NodeCondition `json:"conditions"`
 	Addresses   []corev1.NodeAddress   `json:"addresses"`
 	NodeInfo    corev1.NodeSystemInfo  `json:"nodeInfo"`
+}
+
+// status is the Node status the agent reports. cur is the Node as the API
+// server has it (nil before registration): a condition's lastTransitionTime
+// moves only when its status changes.
+func (a *agent) status(cur *corev1.Node) statusPatch {
+	now := metav1.Now()
+	conds := []corev1.NodeCondition{
+		{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: reasonMemory, Message: messageNoPressure},
+		{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: reasonDisk, Message: messageNoPressure},
+		{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: reasonPID, Message: messageNoPressure},
+		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: reasonReady, Message: messageReady},
+	}
+	for i := range conds {
+		conds[i].LastHeartbeatTime = now
+		conds[i].LastTransitionTime = now
+		if cur == nil {
+			continue
+		}
+		for _, c := range cur.Status.Conditions {
+			if c.Type == conds[i].Type && c.Status == conds[i].Status && !c.LastTransitionTime.IsZero() {
+				conds[i].LastTransitionTime = c.LastTransitionTime
+			}
+		}
+	}
+	runtimeVersion := a.boot.ContainerRuntimeVersion
+	if runtimeVersion == "" {
+		runtimeVersion = simulatedRuntimeName
+	}
+	return statusPatch{
+		Capacity:    a.boot.Capacity,
+		Allocatable: a.boot.Capacity,
+		Conditions:  conds,
+		Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeInternalIP, Address: a.boot.Address},
+			{Type: corev1.NodeHostName, Address: a.boot.NodeName},
+		},
+		NodeInfo: corev1.NodeSystemInfo{
+			BootID:                  bootID,
+			KernelVersion:           simulatedKernel,
+			OSImage:                 simulatedOSImage,
+			ContainerRuntimeVersion: runtimeVersion,
+			KubeletVersion:          a.boot.KubeletVersion,
+			OperatingSystem:         "linux",
+			Architecture:            runtime.GOARCH,
+		},
+	}
+}
+
+func (p statusPatch) nodeStatus() corev1.NodeStatus {
+	return corev1.NodeStatus{Capacity: p.Capacity, Allocatable: p.Allocatable, Conditions: p.Conditions, Addresses: p.Addresses, NodeInfo: p.NodeInfo}
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -143,9 +144,16 @@ func (f *fixture) startController(opts Options) (stop func()) {
 	if opts.Providers == nil {
 		opts.Providers, _ = provider.NewRegistry(f.provider)
 	}
+	if opts.MaxConcurrentReconciles == 0 {
+		opts.MaxConcurrentReconciles = 4
+	}
 	mgr, err := ctrl.NewManager(mgmt.Config, ctrl.Options{
 		Scheme:  scheme.New(),
 		Metrics: metricsserver.Options{BindAddress: "0"},
+		// Each test's controller sees its own namespace only: machines other
+		// tests left behind belong to other providers' sandboxes and must not
+		// queue ahead of this test's.
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{f.ns: {}}},
 		// Several managers live in one test binary; names must not clash.
 		Controller: config.Controller{SkipNameValidation: ptrTo(true)},
 	})
