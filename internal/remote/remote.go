@@ -78,6 +78,15 @@ type Cache struct {
 	mu       sync.Mutex
 	clusters map[types.NamespacedName]*Cluster
 	building map[types.NamespacedName]*sync.Mutex
+	// failed remembers a cluster that could not be reached, so that its
+	// other machines fail fast instead of each waiting out SyncTimeout.
+	failed map[types.NamespacedName]failure
+}
+
+type failure struct {
+	at            time.Time
+	secretVersion string
+	err           error
 }
 
 // NewCache builds a Cache that reads kubeconfig Secrets through mgmt.
@@ -92,7 +101,8 @@ func NewCache(mgmt client.Reader, scheme *runtime.Scheme, opts Options) *Cache {
 		opts.HealthInterval = 30 * time.Second
 	}
 	return &Cache{mgmt: mgmt, scheme: scheme, opts: opts, clusters: map[types.NamespacedName]*Cluster{},
-		building: map[types.NamespacedName]*sync.Mutex{}}
+		building: map[types.NamespacedName]*sync.Mutex{},
+		failed:   map[types.NamespacedName]failure{}}
 }
 
 // Get returns access to the cluster, building it on first use and rebuilding
@@ -123,12 +133,19 @@ func (c *Cache) Get(ctx context.Context, cluster types.NamespacedName) (*Cluster
 	if cl := c.current(cluster, secret.ResourceVersion); cl != nil {
 		return cl, nil
 	}
+	if err := c.recentFailure(cluster, secret.ResourceVersion); err != nil {
+		return nil, err
+	}
 	cl, err := c.build(ctx, cluster, secret)
 	if err != nil {
+		c.mu.Lock()
+		c.failed[cluster] = failure{at: time.Now(), secretVersion: secret.ResourceVersion, err: err}
+		c.mu.Unlock()
 		return nil, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.failed, cluster)
 	if old, ok := c.clusters[cluster]; ok {
 		old.stop()
 	}
@@ -157,6 +174,19 @@ func (c *Cache) checkHealth(ctx context.Context, key types.NamespacedName, cl *C
 	cl.lastHealthy = time.Now()
 	c.mu.Unlock()
 	return nil
+}
+
+// recentFailure returns the error of a build that failed less than
+// SyncTimeout ago with the same Secret: a dead cluster costs one wait per
+// SyncTimeout, not one per machine. A changed Secret is tried at once.
+func (c *Cache) recentFailure(cluster types.NamespacedName, secretVersion string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f, ok := c.failed[cluster]
+	if !ok || f.secretVersion != secretVersion || time.Since(f.at) >= c.opts.SyncTimeout {
+		return nil
+	}
+	return fmt.Errorf("%w (%s ago; next attempt after %s)", f.err, time.Since(f.at).Round(time.Second), c.opts.SyncTimeout)
 }
 
 // current returns the cached cluster if it was built from secretVersion.

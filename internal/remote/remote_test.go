@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -95,7 +96,8 @@ func TestCacheFollowsTheSecretAndDropsDeadClusters(t *testing.T) {
 
 	proxy.cut()
 	// Get runs with its own context: the poll's deadline must not be what
-	// makes it fail.
+	// makes it fail. The probe drops the cluster; the rebuild that follows
+	// cannot sync, and is remembered.
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
 		_, err := c.Get(ctx, key)
 		return err != nil && strings.Contains(err.Error(), "does not answer"), nil
@@ -168,4 +170,49 @@ func throughProxy(t *testing.T, kubeconfig []byte, addr string) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// A cluster that cannot be reached is tried once per SyncTimeout; the
+// machines asking in between get its error at once.
+func TestUnreachableClusterFailsFastUntilRetry(t *testing.T) {
+	ctx := context.Background()
+	mgmt, err := testenv.StartWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgmt.Stop()
+	workload, err := testenv.StartWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer workload.Stop()
+	proxy := startProxy(t, strings.Trim(strings.TrimPrefix(workload.Config.Host, "https://"), "/"))
+	kubeconfig := throughProxy(t, workload.Kubeconfig, proxy.addr())
+	proxy.cut()
+
+	c := NewCache(mgmt.Client, scheme.New(), Options{SyncTimeout: 2 * time.Second})
+	defer c.Stop()
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: KubeconfigSecretName("dead"), Namespace: "default"},
+		Data:       map[string][]byte{KubeconfigSecretKey: kubeconfig},
+	}
+	if err := mgmt.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	key := types.NamespacedName{Namespace: "default", Name: "dead"}
+	_, first := c.Get(ctx, key)
+	if first == nil {
+		t.Fatal("Get of an unreachable cluster succeeded")
+	}
+	_, second := c.Get(ctx, key)
+	if second == nil || !strings.Contains(second.Error(), "next attempt after") {
+		t.Errorf("second Get = %v, want the remembered failure", second)
+	}
+	testenv.Eventually(t, 20*time.Second, "a fresh attempt after SyncTimeout", func() error {
+		_, err := c.Get(ctx, key)
+		if err == nil || strings.Contains(err.Error(), "next attempt after") {
+			return fmt.Errorf("still the remembered failure: %v", err)
+		}
+		return nil
+	})
 }
