@@ -153,6 +153,9 @@ func TestValidate(t *testing.T) {
 		{"too many pods", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","pods":1001}}`, "spec.pods"},
 		{"negative gpus", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","gpus":-1}}`, "spec.gpus"},
 		{"fractional gpus", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","gpus":0.5}}`, "spec.gpus"},
+		{"good with a disk", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","diskSize":"40Gi"}}`, ""},
+		{"bad disk size", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","diskSize":"40Gx"}}`, "spec.diskSize"},
+		{"zero disk size", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","diskSize":0}}`, "spec.diskSize"},
 		{"wrong kind", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"GCEMachine","spec":{"cpu":2,"memory":"4Gi"}}`, "kind"},
 		{"wrong version", `{"apiVersion":"local.marina.dev/v1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi"}}`, "apiVersion"},
 	} {

@@ -85,6 +85,9 @@ func bootstrapFor(req *provider.Request, m *LocalMachine, addr string) *sandbox.
 	if m.Spec.GPUs > 0 {
 		capacity[GPUResource] = *resource.NewQuantity(int64(m.Spec.GPUs), resource.DecimalSI)
 	}
+	if m.Spec.DiskSize != nil {
+		capacity[corev1.ResourceEphemeralStorage] = *m.Spec.DiskSize
+	}
 	var runtimeVersion string
 	if rt := req.Machine.ContainerRuntime; rt.Name != "" {
 		v := rt.Version

@@ -37,7 +37,7 @@ const GPUResource = "nvidia.com/gpu"
 //
 //	apiVersion: local.marina.dev/v1alpha1
 //	kind: LocalMachine
-//	spec: {cpu: 2, memory: 4Gi, pods: 110, gpus: 0}
+//	spec: {cpu: 2, memory: 4Gi, pods: 110, gpus: 0, diskSize: 40Gi}
 type LocalMachine struct {
 	metav1.TypeMeta `json:",inline"`
 	// Metadata is accepted, as on any embedded object, and ignored.
@@ -56,10 +56,13 @@ type LocalMachineSpec struct {
 	Pods int `json:"pods,omitempty"`
 	// GPUs is the Node's nvidia.com/gpu capacity; none when 0.
 	GPUs int `json:"gpus,omitempty"`
+	// DiskSize is the Node's ephemeral-storage capacity, e.g. 40Gi; the
+	// Node reports none when unset.
+	DiskSize *resource.Quantity `json:"diskSize,omitempty"`
 }
 
 // specFields are the fields of spec, in the order errors report them.
-var specFields = []string{"cpu", "memory", "pods", "gpus"}
+var specFields = []string{"cpu", "memory", "pods", "gpus", "diskSize"}
 
 // Decode decodes and checks a LocalMachine blob (JSON), filling in
 // defaults. Every problem the user must fix is a *provider.InvalidSpecError
@@ -120,6 +123,14 @@ func Decode(raw []byte) (*LocalMachine, error) {
 	if v, ok := shape.Spec["gpus"]; ok {
 		if err := json.Unmarshal(v, &m.Spec.GPUs); err != nil || m.Spec.GPUs < 0 {
 			errs = append(errs, &provider.InvalidSpecError{Field: "spec.gpus", Message: fmt.Sprintf("must be a whole number, 0 or more, not %s", v)})
+		}
+	}
+	if _, ok := shape.Spec["diskSize"]; ok {
+		q, err := positiveQuantity(shape.Spec, "diskSize", "40Gi")
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			m.Spec.DiskSize = &q
 		}
 	}
 	if len(errs) > 0 {
