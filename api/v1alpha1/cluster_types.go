@@ -277,7 +277,7 @@ type ControlPlaneUpgradeStrategy struct {
 	// +kubebuilder:default="10m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(ms|s|m|h))+$')",message="must be a duration like 10m, 90s or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(ms|s|m|h))+$')",message="must be a duration like 10m, 90s or 1h30m (at most 5 digits per unit)"
 	StepTimeout *metav1.Duration `json:"stepTimeout,omitempty"`
 }
 

@@ -113,6 +113,9 @@ type MachineSpec struct {
 	// cluster.marina.dev/exclude-node-draining.
 	//
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(ms|s|m|h))+$')",message="must be a duration like 10m, 90s or 1h30m (at most 5 digits per unit)"
 	NodeDrainTimeout *metav1.Duration `json:"nodeDrainTimeout,omitempty"`
 }
 

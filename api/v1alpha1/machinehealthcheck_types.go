@@ -42,7 +42,7 @@ type MachineHealthCheckSpec struct {
 	// +kubebuilder:default="10m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(ms|s|m|h))+$')",message="must be a duration like 10m, 90s or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(ms|s|m|h))+$')",message="must be a duration like 10m, 90s or 1h30m (at most 5 digits per unit)"
 	NodeStartupTimeout *metav1.Duration `json:"nodeStartupTimeout,omitempty"`
 
 	// maxUnhealthy stops remediation while more than this many of the
@@ -79,7 +79,7 @@ type UnhealthyCondition struct {
 	// +required
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(ms|s|m|h))+$')",message="must be a duration like 5m, 300s or 1h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(ms|s|m|h))+$')",message="must be a duration like 5m, 300s or 1h (at most 5 digits per unit)"
 	Timeout metav1.Duration `json:"timeout"`
 }
 

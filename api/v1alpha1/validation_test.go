@@ -190,6 +190,14 @@ var invalidCases = []struct {
 	{name: "container runtime name with spaces", base: validMachine,
 		create: []change{set("Docker Engine", "spec", "containerRuntime", "name")},
 		want:   "spec.containerRuntime.name: Invalid value: \"Docker Engine\": spec.containerRuntime.name in body should match"},
+	// A duration the schema lets through but Go cannot decode would break
+	// the controller's cache for every machine, not just this one.
+	{name: "machine drain timeout in words", base: validMachine,
+		create: []change{set("5min", "spec", "nodeDrainTimeout")},
+		want:   "must be a duration like 10m, 90s or 1h30m"},
+	{name: "machine drain timeout that overflows", base: validMachine,
+		create: []change{set("99999999999h", "spec", "nodeDrainTimeout")},
+		want:   "at most 5 digits per unit"},
 	{name: "machine clusterName changed", base: validMachine,
 		update: []change{set("staging", "spec", "clusterName")},
 		want:   "clusterName cannot be changed after creation"},
