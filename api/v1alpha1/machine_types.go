@@ -50,15 +50,16 @@ type MachineSpec struct {
 	ContainerRuntime ContainerRuntime `json:"containerRuntime,omitempty"`
 
 	// labels are put on the machine's Node when it registers, added to the
-	// labels of the machine's class (the machine's value wins on a clash).
+	// labels of the machine's class. A machine may not change a label its
+	// class sets: the class's labels are the administrator's.
 	//
 	// +optional
 	// +kubebuilder:validation:MaxProperties=64
 	Labels map[string]string `json:"labels,omitempty"`
 
 	// taints are put on the machine's Node when it registers, added to the
-	// taints of the machine's class (a machine taint replaces a class taint
-	// with the same key and effect). Control-plane machines get the
+	// taints of the machine's class; a machine may not change the value of a
+	// taint its class sets (same key and effect). Control-plane machines get the
 	// node-role.kubernetes.io/control-plane:NoSchedule taint in addition,
 	// unless they are also workers.
 	//

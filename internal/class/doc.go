@@ -42,21 +42,23 @@
 //	classRef:     {name: gpu}
 //	providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine,
 //	               spec: {diskSize: 200}}
-//	labels:       {tier: training}
+//	labels:       {team: vision}
 //
 // Result:
 //
 //	providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine,
 //	               spec: {cpu: 8, diskSize: 200, gpus: 1, memory: 32Gi}}
-//	labels:       {gpu: "true", tier: training}
+//	labels:       {gpu: "true", team: vision, tier: batch}
 //	taints:       [{key: nvidia.com/gpu, effect: NoSchedule}]
 //
 // A machine that instead set spec.gpus: 4 would be refused, because the class
-// does not allow it.
+// does not allow it; so would one that set tier: training.
 //
-// Node labels are the class's plus the machine's, the machine's value winning
-// on a clash. Node taints are the class's, where a machine taint with the same
-// key and effect replaces the class's in place, followed by the machine's
-// other taints. Merging is idempotent: merging the result again with the same
-// overrides changes nothing.
+// Node labels and taints are the class's plus the machine's. The class's are
+// the administrator's (M6: tenancy, placement, cost labels): a machine may
+// add its own, repeat the class's, but not change one. A machine label with
+// another value than the class's, or a machine taint with the class's key and
+// effect but another value, is refused with the field named. Merging is
+// idempotent: merging the result again with the same overrides changes
+// nothing.
 package class

@@ -120,6 +120,7 @@ func withClass(class *clusterv1.MachineClass, machine *clusterv1.MachineSpec) (*
 	}
 
 	errs = append(errs, checkIdentity(patch, base, name)...)
+	errs = append(errs, checkNodeTemplate(class, machine)...)
 	allowed := parsePaths(class.Spec.AllowedOverrides)
 	for _, k := range sortedKeys(patch) {
 		if k == "apiVersion" || k == "kind" {
@@ -144,6 +145,29 @@ func withClass(class *clusterv1.MachineClass, machine *clusterv1.MachineSpec) (*
 		Taints:           mergeTaints(class.Spec.NodeTemplate.Taints, machine.Taints),
 		Capacity:         class.Spec.NodeTemplate.Capacity.DeepCopy(),
 	}, nil
+}
+
+// checkNodeTemplate refuses machine labels and taints that would change
+// one of the class's: those are the administrator's (M6).
+func checkNodeTemplate(class *clusterv1.MachineClass, machine *clusterv1.MachineSpec) field.ErrorList {
+	var errs field.ErrorList
+	tmpl := class.Spec.NodeTemplate
+	for _, k := range slices.Sorted(maps.Keys(machine.Labels)) {
+		if v, ok := tmpl.Labels[k]; ok && v != machine.Labels[k] {
+			errs = append(errs, field.Forbidden(field.NewPath("spec", "labels").Key(k), fmt.Sprintf(
+				"MachineClass %q sets this label to %q, and a class's labels are its administrator's: remove it from the machine, or use another key", class.Name, v)))
+		}
+	}
+	for i, t := range machine.Taints {
+		for _, ct := range tmpl.Taints {
+			if ct.Key == t.Key && ct.Effect == t.Effect && ct.Value != t.Value {
+				errs = append(errs, field.Forbidden(field.NewPath("spec", "taints").Index(i), fmt.Sprintf(
+					"MachineClass %q sets taint %s:%s with value %q, and a class's taints are its administrator's: remove it from the machine, or use another key",
+					class.Name, ct.Key, ct.Effect, ct.Value)))
+			}
+		}
+	}
+	return errs
 }
 
 // checkIdentity refuses an override that names another apiVersion or kind
@@ -257,7 +281,8 @@ func mergePatch(target, patch any) any {
 	return out
 }
 
-// mergeLabels returns class's labels overlaid with the machine's.
+// mergeLabels returns class's labels with the machine's added (a clash was
+// refused before, by checkNodeTemplate).
 func mergeLabels(class, machine map[string]string) map[string]string {
 	if len(class)+len(machine) == 0 {
 		return nil
@@ -268,8 +293,9 @@ func mergeLabels(class, machine map[string]string) map[string]string {
 	return out
 }
 
-// mergeTaints returns class's taints, each replaced in place by a machine
-// taint with the same key and effect, followed by the machine's other taints.
+// mergeTaints returns class's taints followed by the machine's other taints
+// (a machine taint with a class taint's key and effect has its value, or was
+// refused by checkNodeTemplate).
 func mergeTaints(class, machine []corev1.Taint) []corev1.Taint {
 	if len(class)+len(machine) == 0 {
 		return nil

@@ -269,11 +269,34 @@ func TestMergeProviderSpec(t *testing.T) {
 	}
 }
 
+// The class's labels and taints are the administrator's (M6): a machine
+// that would change one is refused, naming the field.
+func TestMachineCannotChangeTheClassNodeTemplate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		taints []corev1.Taint
+		want   string
+	}{
+		{name: "label with another value", labels: map[string]string{"tier": "training"}, want: "spec.labels[tier]: Forbidden"},
+		{name: "taint with another value", taints: []corev1.Taint{{Key: "dedicated", Value: "mine", Effect: corev1.TaintEffectNoExecute}}, want: "spec.taints[0]: Forbidden"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := machine("gpu", "")
+			m.Labels, m.Taints = tc.labels, tc.taints
+			_, err := Merge(gpuClass(), m)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `MachineClass "gpu"`) {
+				t.Errorf("Merge = %v, want an error containing %q naming the class", err, tc.want)
+			}
+		})
+	}
+}
+
 func TestMergeNodeTemplate(t *testing.T) {
 	m := machine("gpu", "")
-	m.Labels = map[string]string{"tier": "training", "team": "vision"}
+	m.Labels = map[string]string{"tier": "batch", "team": "vision"}
 	m.Taints = []corev1.Taint{
-		{Key: "nvidia.com/gpu", Value: "shared", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule},
 		{Key: "nvidia.com/gpu", Value: "x", Effect: corev1.TaintEffectPreferNoSchedule},
 		{Key: "spot", Effect: corev1.TaintEffectNoSchedule},
 	}
@@ -281,12 +304,12 @@ func TestMergeNodeTemplate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantLabels := map[string]string{"gpu": "true", "tier": "training", "team": "vision"}
+	wantLabels := map[string]string{"gpu": "true", "tier": "batch", "team": "vision"}
 	if !reflect.DeepEqual(got.Labels, wantLabels) {
 		t.Errorf("labels = %v, want %v", got.Labels, wantLabels)
 	}
 	wantTaints := []corev1.Taint{
-		{Key: "nvidia.com/gpu", Value: "shared", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule},
 		{Key: "dedicated", Value: "ml", Effect: corev1.TaintEffectNoExecute},
 		{Key: "nvidia.com/gpu", Value: "x", Effect: corev1.TaintEffectPreferNoSchedule},
 		{Key: "spot", Effect: corev1.TaintEffectNoSchedule},
@@ -347,11 +370,12 @@ func FuzzMerge(f *testing.F) {
 		c := gpuClass(strings.Split(allowed, ",")...)
 		c.Spec.ProviderSpec.Raw = []byte(classRaw)
 		m := machine("gpu", overrideRaw)
-		m.Labels = map[string]string{"tier": "fuzz"}
+		m.Labels = map[string]string{"team": "fuzz"}
 		m.Taints = []corev1.Taint{
-			{Key: "nvidia.com/gpu", Value: "fuzz", Effect: corev1.TaintEffectNoSchedule},
+			{Key: "nvidia.com/gpu", Value: "fuzz", Effect: corev1.TaintEffectPreferNoSchedule},
+			// Keys and effects are unique, as the API's list map makes them.
 			{Key: "fuzz", Effect: corev1.TaintEffectNoSchedule},
-			{Key: "fuzz", Value: "again", Effect: corev1.TaintEffectNoSchedule},
+			{Key: "fuzz", Value: "again", Effect: corev1.TaintEffectNoExecute},
 		}
 
 		// The path without a class must not panic either.
