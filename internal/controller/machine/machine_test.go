@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -498,4 +499,52 @@ func reconcileCount(t *testing.T) float64 {
 		}
 	}
 	return total
+}
+
+// An administrator narrowing a class must not break the machines already
+// running from it: they keep running and say their configuration no longer
+// resolves, while a new machine with the same override is refused.
+func TestNarrowedClassKeepsRunningMachines(t *testing.T) {
+	f := newFixture(t)
+	f.startController(Options{})
+	ctx := context.Background()
+	mc := &clusterv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Name: f.ns + "-disk"},
+		Spec: clusterv1.MachineClassSpec{
+			ProviderSpec:     runtime.RawExtension{Raw: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","diskSize":"10Gi"}}`)},
+			AllowedOverrides: []string{"spec.diskSize"},
+		},
+	}
+	if err := mgmt.Client.Create(ctx, mc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mgmt.Client.Delete(context.Background(), mc) })
+	override := `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"diskSize":"20Gi"}}`
+	newMachine := func(name string) *clusterv1.Machine {
+		m := f.machine(name, override)
+		m.Spec.ClassRef = &clusterv1.MachineClassReference{Name: mc.Name}
+		return f.create(m)
+	}
+	running := f.waitPhase(newMachine("before"), clusterv1.MachinePhaseRunning, provisionTimeout)
+
+	mc.Spec.AllowedOverrides = []string{"spec.memory"}
+	if err := mgmt.Client.Update(ctx, mc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the running machine to report its configuration no longer resolves", func() (bool, error) {
+		got, err := f.get(running)
+		if err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineProviderSpecResolvedCondition)
+		return c != nil && c.Reason == clusterv1.MachineOverrideNotAllowedReason, fmt.Errorf("conditions %v", got.Status.Conditions)
+	})
+	got := mustGet(t, f, running)
+	if got.Status.Phase != clusterv1.MachinePhaseRunning || got.Status.FailureReason != "" {
+		t.Errorf("running machine became %s (%s: %s) when its class narrowed", got.Status.Phase, got.Status.FailureReason, got.Status.FailureMessage)
+	}
+	failed := f.waitPhase(newMachine("after"), clusterv1.MachinePhaseFailed, provisionTimeout)
+	if !strings.Contains(failed.Status.FailureMessage, "spec.diskSize") {
+		t.Errorf("new machine's failure %q does not name spec.diskSize", failed.Status.FailureMessage)
+	}
 }

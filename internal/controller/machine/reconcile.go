@@ -102,8 +102,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, m *clusterv1.Machine, 
 	}
 	clearFixableFailure(m)
 	resolved, err := r.resolve(ctx, m, prov)
-	if err != nil || resolved == nil {
+	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if resolved == nil && m.Status.ProviderID == "" {
+		return ctrl.Result{}, nil // nothing to make until the spec or class is fixed
 	}
 	if m.Status.ProviderID == "" {
 		if res, err := r.provision(ctx, m, prov, resolved); err != nil || m.Status.ProviderID == "" {
@@ -134,23 +137,32 @@ func (r *Reconciler) resolve(ctx context.Context, m *clusterv1.Machine, prov pro
 	}
 	resolved, err := class.Merge(mc, &m.Spec)
 	if err != nil {
-		msg := "the machine's overrides do not fit its class: " + err.Error()
-		setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, clusterv1.MachineOverrideNotAllowedReason, msg)
-		fail(m, clusterv1.MachineOverrideNotAllowedReason, msg)
+		r.refuse(m, clusterv1.MachineOverrideNotAllowedReason, "the machine's overrides do not fit its class: "+err.Error())
 		return nil, nil
 	}
 	if err := prov.Validate(resolved.ProviderSpec.Raw); err != nil {
 		if !provider.IsInvalidSpec(err) {
 			return nil, fmt.Errorf("validating providerSpec: %w", err)
 		}
-		msg := err.Error() + ": fix spec.providerSpec (or the MachineClass)"
-		setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, clusterv1.MachineInvalidProviderSpecReason, msg)
-		fail(m, clusterv1.MachineInvalidProviderSpecReason, msg)
-		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineInvalidProviderSpecReason, "Validate", "%s", msg)
+		r.refuse(m, clusterv1.MachineInvalidProviderSpecReason, err.Error()+": fix spec.providerSpec (or the MachineClass)")
 		return nil, nil
 	}
 	setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionTrue, clusterv1.MachineProviderSpecResolvedReason, "")
 	return resolved, nil
+}
+
+// refuse reports a configuration that cannot be used. A machine not yet
+// made fails: it waits for a corrected spec. A machine that runs keeps
+// running: its class changed under it (an administrator narrowed
+// allowedOverrides, say), which is no reason to call it broken; it only
+// stops following the class's node labels and taints until it fits again.
+func (r *Reconciler) refuse(m *clusterv1.Machine, reason, msg string) {
+	setCondition(m, clusterv1.MachineProviderSpecResolvedCondition, metav1.ConditionFalse, reason, msg)
+	if m.Status.ProviderID != "" {
+		return
+	}
+	fail(m, reason, msg)
+	r.recorder.Eventf(m, nil, corev1.EventTypeWarning, reason, "Resolve", "%s", msg)
 }
 
 // provision asks the provider for the machine. The provider is keyed by the
@@ -210,7 +222,8 @@ func (r *Reconciler) describe(ctx context.Context, m *clusterv1.Machine, prov pr
 }
 
 // reconcileNode finds the machine's Node by providerID, records it, mirrors
-// its readiness, and keeps the machine's labels and taints on it.
+// its readiness, and keeps the machine's labels and taints on it (when its
+// configuration resolves; resolved may be nil).
 func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, resolved *class.Resolved) (ctrl.Result, error) {
 	cl, res, err := r.cluster(ctx, m, clusterv1.MachineNodeReadyCondition)
 	if cl == nil {
@@ -230,6 +243,9 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 	m.Status.NodeRef = &clusterv1.NodeReference{Name: node.Name, UID: string(node.UID)}
 	m.Status.Versions.Kubelet = node.Status.NodeInfo.KubeletVersion
 	setNodeReady(m, node)
+	if resolved == nil {
+		return ctrl.Result{}, nil // the configuration does not resolve: see ProviderSpecResolved
+	}
 	if err := syncNodeMetadata(ctx, cl.Client, node, m.Spec.Roles, resolved.Labels, resolved.Taints); err != nil {
 		return ctrl.Result{}, err
 	}
