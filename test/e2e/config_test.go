@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"marina.dev/marina/internal/testenv"
 )
@@ -32,10 +35,108 @@ func TestConfigDefaultApplies(t *testing.T) {
 		{"clusterrole", "marina-manager"},
 		{"-n", "marina-system", "deployment", "marina-controller"},
 		{"-n", "marina-system", "role", "marina-leader-election"},
+		{"validatingadmissionpolicy", "marina-tenant-machines"},
 	} {
 		args := append([]string{"--kubeconfig", kubeconfig, "get"}, obj...)
 		if out, err := exec.Command(filepath.Join(binDir, "kubectl"), args...).CombinedOutput(); err != nil {
 			t.Errorf("kubectl get %v after apply: %v\n%s", obj, err, out)
 		}
 	}
+}
+
+// M6: with config/default applied, a tenant (not in marina:admins) makes
+// machines from published classes only, and workers only; an administrator
+// may do either.
+func TestTenantsMakeMachinesFromClassesOnly(t *testing.T) {
+	env, err := testenv.StartWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Stop()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.Kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	binDir, _ := testenv.BinDir()
+	kubectl := func(stdin string, args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(binDir, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := kubectl("", "apply", "-k", filepath.Join(env.RepoRoot, "config", "default")); err != nil {
+		t.Fatalf("kubectl apply -k config/default: %v\n%s", err, out)
+	}
+	// Tenants may create machines at all (RBAC); the policy decides which.
+	if out, err := kubectl(tenantSetup, "apply", "-f", "-"); err != nil {
+		t.Fatalf("setting up the tenant: %v\n%s", err, out)
+	}
+
+	classless := machineYAML("classless", "Worker", `providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}`)
+	controlPlane := machineYAML("master", "ControlPlane", `classRef: {name: small}`)
+	fromClass := machineYAML("from-class", "Worker", `classRef: {name: small}`)
+	tenant := []string{"--as=alice", "--as-group=tenants", "create", "-f", "-"}
+
+	// The policy takes effect asynchronously after it is created.
+	testenv.Eventually(t, 30*time.Second, "a tenant's class-less machine to be refused", func() error {
+		out, err := kubectl(classless, tenant...)
+		if err == nil {
+			_, _ = kubectl("", "delete", "machine", "classless")
+			return fmt.Errorf("accepted: %s", out)
+		}
+		if !strings.Contains(out, "only marina administrators may describe a machine without a MachineClass") {
+			return fmt.Errorf("refused for another reason: %s", out)
+		}
+		return nil
+	})
+	if out, err := kubectl(controlPlane, tenant...); err == nil || !strings.Contains(out, "only marina administrators may create control-plane machines") {
+		t.Errorf("a tenant's control-plane machine: err %v\n%s", err, out)
+	}
+	if out, err := kubectl(fromClass, tenant...); err != nil {
+		t.Errorf("a tenant's machine from a class was refused: %v\n%s", err, out)
+	}
+	if out, err := kubectl(classless, "--as=bob", "--as-group=marina:admins", "create", "-f", "-"); err != nil {
+		t.Errorf("an administrator's class-less machine was refused: %v\n%s", err, out)
+	}
+}
+
+const tenantSetup = `
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: tenant-machines}
+rules:
+- apiGroups: [cluster.marina.dev]
+  resources: [machines]
+  verbs: [create, get, list]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tenant-machines}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tenant-machines}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: tenants}
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "marina:admins"}
+---
+apiVersion: cluster.marina.dev/v1alpha1
+kind: MachineClass
+metadata: {name: small}
+spec:
+  providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}
+`
+
+func machineYAML(name, role, provider string) string {
+	versions := "{kubelet: v1.37.2}"
+	if role == "ControlPlane" {
+		versions = "{kubelet: v1.37.2, controlPlane: v1.37.2}"
+	}
+	return fmt.Sprintf(`apiVersion: cluster.marina.dev/v1alpha1
+kind: Machine
+metadata: {name: %s, namespace: default}
+spec:
+  clusterName: c1
+  roles: [%s]
+  versions: %s
+  %s
+`, name, role, versions, provider)
 }
