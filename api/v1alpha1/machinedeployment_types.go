@@ -63,6 +63,8 @@ type MachineRollingUpdate struct {
 // MachineDeploymentSpec is the desired state of a MachineDeployment.
 //
 // +kubebuilder:validation:XValidation:rule="self.template.spec.clusterName == self.clusterName",message="template.spec.clusterName must equal clusterName: a deployment only creates machines of its own cluster"
+// +kubebuilder:validation:XValidation:rule="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)",message="selector must not be empty: set matchLabels to the template's labels (an empty selector would adopt and delete every machine in the namespace)"
+// +kubebuilder:validation:XValidation:rule="!('ControlPlane' in self.template.spec.roles)",message="a deployment makes workers only: remove ControlPlane from template.spec.roles; control-plane machines come from the Cluster's spec.controlPlane, which keeps etcd quorum"
 type MachineDeploymentSpec struct {
 	// clusterName is the name of the Cluster, in the same namespace, that the
 	// deployment's machines belong to. It cannot be changed after creation.

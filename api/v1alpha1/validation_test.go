@@ -252,6 +252,15 @@ var invalidCases = []struct {
 		want:   "selector cannot be changed after creation"},
 
 	// MachineDeployment.
+	{name: "deployment with an empty selector", base: validMachineDeployment,
+		create: []change{set(obj{}, "spec", "selector")},
+		want:   "selector must not be empty"},
+	{name: "deployment of control-plane machines", base: validMachineDeployment,
+		create: []change{set(list("ControlPlane", "Worker"), "spec", "template", "spec", "roles"), set("v1.37.2", "spec", "template", "spec", "versions", "controlPlane")},
+		want:   "a deployment makes workers only"},
+	{name: "set with an empty selector", base: validMachineSet,
+		create: []change{set(obj{}, "spec", "selector")},
+		want:   "selector must not be empty"},
 	{name: "deployment maxSurge above 100%", base: validMachineDeployment,
 		create: []change{set(obj{"maxSurge": "150%"}, "spec", "strategy", "rollingUpdate")},
 		want:   "must be a non-negative number of machines (1) or a percentage from 0% to 100%"},
