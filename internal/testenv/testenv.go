@@ -101,6 +101,9 @@ func start(withCRDs bool) (*Env, error) {
 	}
 	cfg, err := e.Start()
 	if err != nil {
+		// Start can fail after the processes run (a CRD the server refuses):
+		// stop them, and remove their directories, all the same.
+		_ = e.Stop()
 		return nil, fmt.Errorf("starting the test API server from %s: %w", assets, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: s})
