@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -213,13 +212,8 @@ func cleanupSandboxes(b *testing.B, marina, root string) {
 		b.Error(err)
 		return
 	}
-	entries, _ := os.ReadDir(root)
-	for _, e := range entries {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
-			if err := p.Delete(context.Background(), types.UID(e.Name())); err != nil {
-				b.Error(err)
-			}
-		}
+	if err := p.DeleteAll(context.Background()); err != nil {
+		b.Error(err)
 	}
 }
 

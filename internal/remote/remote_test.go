@@ -25,20 +25,7 @@ import (
 // the workload cluster; the test stops the latter to make it unreachable.
 func TestCacheFollowsTheSecretAndDropsDeadClusters(t *testing.T) {
 	ctx := context.Background()
-	mgmt, err := testenv.StartWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mgmt.Stop()
-	workload, err := testenv.StartWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer workload.Stop()
-	// The cluster is reached through a proxy the test can cut, as a network
-	// failure or a dead control plane would.
-	proxy := startProxy(t, strings.Trim(strings.TrimPrefix(workload.Config.Host, "https://"), "/"))
-	kubeconfig := throughProxy(t, workload.Kubeconfig, proxy.addr())
+	mgmt, workload, proxy, kubeconfig := startClusters(t)
 
 	events := make(chan string, 16)
 	c := NewCache(mgmt.Client, scheme.New(), Options{
@@ -105,6 +92,25 @@ func TestCacheFollowsTheSecretAndDropsDeadClusters(t *testing.T) {
 	if err != nil {
 		t.Fatal("a cluster whose API server is gone is still handed out")
 	}
+}
+
+// startClusters starts two API servers: one plays the management plane (it
+// holds the Secrets), the other a workload cluster, reached through a proxy
+// the test can cut as a network failure or a dead control plane would. It
+// returns the workload cluster's kubeconfig through the proxy.
+func startClusters(t *testing.T) (mgmt, workload *testenv.Env, p *proxy, kubeconfig []byte) {
+	t.Helper()
+	var err error
+	if mgmt, err = testenv.StartWorkload(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mgmt.Stop() })
+	if workload, err = testenv.StartWorkload(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = workload.Stop() })
+	p = startProxy(t, strings.Trim(strings.TrimPrefix(workload.Config.Host, "https://"), "/"))
+	return mgmt, workload, p, throughProxy(t, workload.Kubeconfig, p.addr())
 }
 
 // proxy forwards TCP connections to a target until cut.
@@ -176,18 +182,7 @@ func throughProxy(t *testing.T, kubeconfig []byte, addr string) []byte {
 // machines asking in between get its error at once.
 func TestUnreachableClusterFailsFastUntilRetry(t *testing.T) {
 	ctx := context.Background()
-	mgmt, err := testenv.StartWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mgmt.Stop()
-	workload, err := testenv.StartWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer workload.Stop()
-	proxy := startProxy(t, strings.Trim(strings.TrimPrefix(workload.Config.Host, "https://"), "/"))
-	kubeconfig := throughProxy(t, workload.Kubeconfig, proxy.addr())
+	mgmt, _, proxy, kubeconfig := startClusters(t)
 	proxy.cut()
 
 	c := NewCache(mgmt.Client, scheme.New(), Options{SyncTimeout: 2 * time.Second})

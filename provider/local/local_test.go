@@ -89,13 +89,8 @@ func newProvider(t *testing.T) *Provider {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		entries, _ := os.ReadDir(p.root)
-		for _, e := range entries {
-			if !strings.HasPrefix(e.Name(), ".") {
-				if err := p.Delete(context.Background(), types.UID(e.Name())); err != nil {
-					t.Errorf("cleaning up machine %s: %v", e.Name(), err)
-				}
-			}
+		if err := p.DeleteAll(context.Background()); err != nil {
+			t.Errorf("cleaning up machines: %v", err)
 		}
 	})
 	return p

@@ -189,6 +189,36 @@ func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
 	return p.removeLeftovers(uid)
 }
 
+// UIDs lists the machines that have a sandbox under the root (not the
+// temporary and tombstone directories of unfinished creates and deletes).
+func (p *Provider) UIDs() ([]types.UID, error) {
+	entries, err := os.ReadDir(p.root)
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	var uids []types.UID
+	for _, e := range entries {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			uids = append(uids, types.UID(e.Name()))
+		}
+	}
+	return uids, nil
+}
+
+// DeleteAll deletes every machine under the root, for tearing a whole local
+// fleet down (a test suite, a benchmark).
+func (p *Provider) DeleteAll(ctx context.Context) error {
+	uids, err := p.UIDs()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, uid := range uids {
+		errs = append(errs, p.Delete(ctx, uid))
+	}
+	return errors.Join(errs...)
+}
+
 // AgentPID returns the PID of the agent running for uid: a test's kill
 // switch (`kill -9`) for simulating a machine that dies.
 func (p *Provider) AgentPID(uid types.UID) (int, error) {

@@ -116,16 +116,13 @@ func ProviderID(uid types.UID) string { return "local://" + string(uid) }
 
 // usedAddresses are the addresses of the existing sandboxes.
 func (p *Provider) usedAddresses() (map[string]bool, error) {
-	entries, err := os.ReadDir(p.root)
+	uids, err := p.UIDs()
 	if err != nil {
-		return nil, fmt.Errorf("listing sandboxes: %w", err)
+		return nil, err
 	}
-	used := make(map[string]bool, len(entries))
-	for _, e := range entries {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		b, err := sandbox.ReadBootstrap(filepath.Join(p.root, e.Name()))
+	used := make(map[string]bool, len(uids))
+	for _, uid := range uids {
+		b, err := sandbox.ReadBootstrap(p.sandboxDir(uid))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}

@@ -13,48 +13,15 @@ import (
 )
 
 // config/default is what `kubectl apply -k` installs into an existing
-// cluster for `marina controller`: it must apply cleanly to a real API server.
-func TestConfigDefaultApplies(t *testing.T) {
+// cluster for `marina controller`: it must apply cleanly to a real API
+// server, and its tenancy policy must hold there (M6).
+func TestConfigDefault(t *testing.T) {
 	env, err := testenv.StartWorkload()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer env.Stop()
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.Kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	binDir, _ := testenv.BinDir()
-	cmd := exec.Command(filepath.Join(binDir, "kubectl"), "--kubeconfig", kubeconfig, "apply", "-k", filepath.Join(env.RepoRoot, "config", "default"))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("kubectl apply -k config/default: %v\n%s", err, out)
-	}
-	for _, obj := range [][]string{
-		{"crd", "machines.cluster.marina.dev"},
-		{"clusterrole", "marina-manager"},
-		{"-n", "marina-system", "deployment", "marina-controller"},
-		{"-n", "marina-system", "role", "marina-leader-election"},
-		{"validatingadmissionpolicy", "marina-tenant-machines"},
-	} {
-		args := append([]string{"--kubeconfig", kubeconfig, "get"}, obj...)
-		if out, err := exec.Command(filepath.Join(binDir, "kubectl"), args...).CombinedOutput(); err != nil {
-			t.Errorf("kubectl get %v after apply: %v\n%s", obj, err, out)
-		}
-	}
-}
-
-// M6: with config/default applied, a tenant (not in marina:admins) makes
-// machines from published classes only, and workers only; an administrator
-// may do either.
-func TestTenantsMakeMachinesFromClassesOnly(t *testing.T) {
-	env, err := testenv.StartWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer env.Stop()
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(kubeconfig, env.Kubeconfig, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +35,27 @@ func TestTenantsMakeMachinesFromClassesOnly(t *testing.T) {
 	if out, err := kubectl("", "apply", "-k", filepath.Join(env.RepoRoot, "config", "default")); err != nil {
 		t.Fatalf("kubectl apply -k config/default: %v\n%s", err, out)
 	}
+	t.Run("installs every part", func(t *testing.T) {
+		for _, obj := range [][]string{
+			{"crd", "machines.cluster.marina.dev"},
+			{"clusterrole", "marina-manager"},
+			{"-n", "marina-system", "deployment", "marina-controller"},
+			{"-n", "marina-system", "role", "marina-leader-election"},
+			{"validatingadmissionpolicy", "marina-tenant-machines"},
+		} {
+			if out, err := kubectl("", append([]string{"get"}, obj...)...); err != nil {
+				t.Errorf("kubectl get %v after apply: %v\n%s", obj, err, out)
+			}
+		}
+	})
+	t.Run("tenants make machines from classes only", func(t *testing.T) {
+		testTenancy(t, kubectl)
+	})
+}
+
+// testTenancy: a tenant (not in marina:admins) makes machines from
+// published classes only, and workers only; an administrator may do either.
+func testTenancy(t *testing.T, kubectl func(stdin string, args ...string) (string, error)) {
 	// Tenants may create machines at all (RBAC); the policy decides which.
 	if out, err := kubectl(tenantSetup, "apply", "-f", "-"); err != nil {
 		t.Fatalf("setting up the tenant: %v\n%s", err, out)

@@ -143,12 +143,7 @@ func stopAgents(t *testing.T, root string) {
 		t.Error(err)
 		return
 	}
-	entries, _ := os.ReadDir(root)
-	for _, e := range entries {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
-			if err := p.Delete(context.Background(), types.UID(e.Name())); err != nil {
-				t.Error(err)
-			}
-		}
+	if err := p.DeleteAll(context.Background()); err != nil {
+		t.Error(err)
 	}
 }

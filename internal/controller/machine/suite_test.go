@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -76,13 +76,8 @@ func deleteAllSandboxes() error {
 		if err != nil {
 			return err
 		}
-		entries, _ := os.ReadDir(root)
-		for _, e := range entries {
-			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
-				if err := p.Delete(context.Background(), types.UID(e.Name())); err != nil {
-					return err
-				}
-			}
+		if err := p.DeleteAll(context.Background()); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -207,18 +202,21 @@ func (f *fixture) create(m *clusterv1.Machine) *clusterv1.Machine {
 	return m
 }
 
-// eventually polls cond until it holds, failing the test after timeout.
+// eventually polls cond until it reports true (its error only describes
+// the state so far), failing the test after timeout; see testenv.Eventually.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	var last error
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+	testenv.Eventually(t, timeout, what, func() error {
 		ok, err := cond()
-		last = err
-		return ok, nil
+		switch {
+		case ok:
+			return nil
+		case err == nil:
+			return errors.New("not yet")
+		default:
+			return err
+		}
 	})
-	if err != nil {
-		t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, last)
-	}
 }
 
 func (f *fixture) get(m *clusterv1.Machine) (*clusterv1.Machine, error) {
