@@ -200,7 +200,9 @@ func TestMachineClass(t *testing.T) {
 		{name: "negative extended resource", change: func(c *clusterv1.MachineClass) {
 			c.Spec.NodeTemplate.Capacity["nvidia.com/gpu"] = resource.MustParse("-1")
 		}, want: want{field.ErrorTypeInvalid, "spec.nodeTemplate.capacity[nvidia.com/gpu]", "must not be negative"}},
-		{name: "half a GPU", change: func(c *clusterv1.MachineClass) { c.Spec.NodeTemplate.Capacity["nvidia.com/gpu"] = resource.MustParse("500m") },
+		{name: "half a GPU", change: func(c *clusterv1.MachineClass) {
+			c.Spec.NodeTemplate.Capacity["nvidia.com/gpu"] = resource.MustParse("500m")
+		},
 			want: want{field.ErrorTypeInvalid, "spec.nodeTemplate.capacity[nvidia.com/gpu]", "must be a whole number"}},
 		{name: "fractional pods", change: func(c *clusterv1.MachineClass) { c.Spec.NodeTemplate.Capacity["pods"] = resource.MustParse("1.5") },
 			want: want{field.ErrorTypeInvalid, "spec.nodeTemplate.capacity[pods]", "must be a whole number"}},
