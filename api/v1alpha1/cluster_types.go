@@ -43,7 +43,7 @@ type ClusterSpec struct {
 
 // ClusterNetwork is a cluster's networking.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.pods) || !has(self.services) || self.pods.all(p, self.services.all(s, !isCIDR(p) || !isCIDR(s) || (!cidr(p).containsCIDR(cidr(s)) && !cidr(s).containsCIDR(cidr(p)))))",message="pod and service networks must not overlap: pick disjoint ranges, e.g. pods 10.244.0.0/16 and services 10.96.0.0/12"
+// +kubebuilder:validation:XValidation:rule="!has(self.pods) || !has(self.services) || self.pods.all(p, self.services.all(s, !isCIDR(p) || !isCIDR(s) || (!cidr(p).containsCIDR(cidr(s)) && !cidr(s).containsCIDR(cidr(p)))))",message="pod and service networks must not overlap: pick disjoint ranges, e.g. pods 10.244.0.0/16 and services 10.96.0.0/12",fieldPath=.pods
 type ClusterNetwork struct {
 	// pods are the networks pod IPs are allocated from: one, or one IPv4 and
 	// one IPv6 network for dual-stack. Default 10.244.0.0/16.
@@ -57,7 +57,9 @@ type ClusterNetwork struct {
 	Pods []CIDR `json:"pods,omitempty"`
 
 	// services are the networks Service cluster IPs are allocated from: one,
-	// or one IPv4 and one IPv6 network for dual-stack. Default 10.96.0.0/12.
+	// or one IPv4 and one IPv6 network for dual-stack. Default 10.96.0.0/12,
+	// which is also the largest IPv4 network kube-apiserver accepts; an IPv6
+	// network may be at most a /108.
 	//
 	// +optional
 	// +listType=atomic
@@ -65,6 +67,7 @@ type ClusterNetwork struct {
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=2
 	// +kubebuilder:validation:XValidation:rule="self.size() < 2 || !isCIDR(self[0]) || !isCIDR(self[1]) || cidr(self[0]).ip().family() != cidr(self[1]).ip().family()",message="two service networks must be one IPv4 and one IPv6 network (dual-stack): remove one of them"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).prefixLength() >= (cidr(self).ip().family() == 4 ? 12 : 108)",message="is larger than kube-apiserver accepts for services (at most 20 host bits): use a /12 or smaller IPv4 network, a /108 or smaller IPv6 network"
 	Services []CIDR `json:"services,omitempty"`
 
 	// dnsDomain is the cluster's DNS domain. Default cluster.local.
@@ -96,9 +99,9 @@ type APIEndpoint struct {
 // control-plane controller creates and upgrades the control-plane Machines
 // from it (M9).
 //
-// +kubebuilder:validation:XValidation:rule="has(self.classRef) || has(self.providerSpec)",message="the control plane needs a provider configuration for its machines: set classRef.name to a MachineClass, or providerSpec to a full provider object with apiVersion and kind"
-// +kubebuilder:validation:XValidation:rule="self.etcd.type != 'Stacked' || self.replicas % 2 == 1",message="with stacked etcd, control-plane replicas must be odd (1, 3, 5 or 7) so that etcd keeps a quorum: change replicas, or use external etcd"
-// +kubebuilder:validation:XValidation:rule="has(self.caSecretRef) == has(oldSelf.caSecretRef)",message="caSecretRef cannot be added or removed after creation: every certificate of the cluster is signed by its CA; create a new cluster to change the CA"
+// +kubebuilder:validation:XValidation:rule="has(self.classRef) || has(self.providerSpec)",message="the control plane needs a provider configuration for its machines: set classRef.name to a MachineClass, or providerSpec to a full provider object with apiVersion and kind",fieldPath=.providerSpec,reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="self.etcd.type != 'Stacked' || self.replicas % 2 == 1",message="with stacked etcd, control-plane replicas must be odd (1, 3, 5 or 7) so that etcd keeps a quorum: change replicas, or use external etcd",fieldPath=.replicas
+// +kubebuilder:validation:XValidation:rule="has(self.caSecretRef) == has(oldSelf.caSecretRef)",message="caSecretRef cannot be added or removed after creation: every certificate of the cluster is signed by its CA; create a new cluster to change the CA",fieldPath=.caSecretRef
 type ControlPlaneSpec struct {
 	// version is the Kubernetes version of the control plane, for example
 	// v1.37.2. Changing it upgrades the cluster (M11): one minor version at a
@@ -130,7 +133,7 @@ type ControlPlaneSpec struct {
 
 	// providerSpec is the provider configuration of control-plane machines:
 	// the full object without classRef, or the class's allowed overrides with
-	// it, exactly as in a Machine's spec.providerSpec.
+	// it, exactly as in a Machine's spec.providerSpec. At most 64 KiB of JSON.
 	//
 	// +optional
 	// +kubebuilder:validation:EmbeddedResource
@@ -185,6 +188,7 @@ type ComponentSettings struct {
 	//
 	// +optional
 	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('-'))",message="write flag names without the leading dashes: audit-log-maxage, not --audit-log-maxage"
 	ExtraArgs map[string]string `json:"extraArgs,omitempty"`
 }
 
@@ -203,8 +207,8 @@ const (
 
 // EtcdSpec is the cluster's etcd.
 //
-// +kubebuilder:validation:XValidation:rule="self.type != 'External' || has(self.external)",message="etcd type External needs external.endpoints: list the client URLs of your etcd cluster, or use type Stacked"
-// +kubebuilder:validation:XValidation:rule="self.type == 'External' || !has(self.external)",message="external is only used with etcd type External: remove it, or set type to External"
+// +kubebuilder:validation:XValidation:rule="self.type != 'External' || has(self.external)",message="etcd type External needs external.endpoints: list the client URLs of your etcd cluster, or use type Stacked",fieldPath=.external,reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="self.type == 'External' || !has(self.external)",message="external is only used with etcd type External: remove it, or set type to External",fieldPath=.external,reason=FieldValueForbidden
 type EtcdSpec struct {
 	// type is Stacked (default: an etcd member on every control-plane
 	// machine) or External (an etcd cluster you run). It cannot be changed

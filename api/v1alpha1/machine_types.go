@@ -13,9 +13,9 @@ const MachineFinalizer = "machine.cluster.marina.dev"
 // MachineSpec is the desired state of a machine: the provider-independent
 // fields that tooling acts on (M1), and the provider-specific blob.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.classRef) || has(self.providerSpec)",message="a machine needs a provider configuration: set classRef.name to a MachineClass (kubectl get machineclasses), or set providerSpec to a full provider object with apiVersion and kind"
-// +kubebuilder:validation:XValidation:rule="!('ControlPlane' in self.roles) || has(self.versions.controlPlane)",message="versions.controlPlane is required on a machine with the ControlPlane role: set it to the control-plane version this machine runs, e.g. v1.37.2"
-// +kubebuilder:validation:XValidation:rule="'ControlPlane' in self.roles || !has(self.versions.controlPlane)",message="versions.controlPlane is only for machines with the ControlPlane role: remove it, or add ControlPlane to roles"
+// +kubebuilder:validation:XValidation:rule="has(self.classRef) || has(self.providerSpec)",message="a machine needs a provider configuration: set classRef.name to a MachineClass (kubectl get machineclasses), or set providerSpec to a full provider object with apiVersion and kind",fieldPath=.providerSpec,reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="!('ControlPlane' in self.roles) || has(self.versions.controlPlane)",message="versions.controlPlane is required on a machine with the ControlPlane role: set it to the control-plane version this machine runs, e.g. v1.37.2",fieldPath=.versions.controlPlane,reason=FieldValueRequired
+// +kubebuilder:validation:XValidation:rule="'ControlPlane' in self.roles || !has(self.versions.controlPlane)",message="versions.controlPlane is only for machines with the ControlPlane role: remove it, or add ControlPlane to roles",fieldPath=.versions.controlPlane,reason=FieldValueForbidden
 type MachineSpec struct {
 	// clusterName is the name of the Cluster, in the same namespace, that this
 	// machine belongs to. It cannot be changed after creation.
@@ -68,7 +68,7 @@ type MachineSpec struct {
 	// +listMapKey=key
 	// +listMapKey=effect
 	// +kubebuilder:validation:MaxItems=32
-	// +kubebuilder:validation:XValidation:rule="self.all(t, t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])",message="each taint's effect must be NoSchedule, PreferNoSchedule or NoExecute"
+	// +kubebuilder:validation:items:XValidation:rule="self.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute']",message="each taint's effect must be NoSchedule, PreferNoSchedule or NoExecute",fieldPath=.effect
 	Taints []corev1.Taint `json:"taints,omitempty"`
 
 	// kubeletConfigRef points at the kubelet configuration this machine's
@@ -100,7 +100,8 @@ type MachineSpec struct {
 	// only overrides: it still names the class's apiVersion and kind, and the
 	// other fields are merged over the class's providerSpec as a JSON merge
 	// patch (RFC 7386); a field the class does not list in allowedOverrides is
-	// rejected. Its kind cannot be changed after creation.
+	// rejected. Its kind cannot be changed after creation. It may hold at
+	// most 64 KiB of JSON: keep large data in a Secret or ConfigMap.
 	//
 	// +optional
 	// +kubebuilder:validation:EmbeddedResource
@@ -122,7 +123,7 @@ type MachineSpec struct {
 
 // MachineVersions are the Kubernetes versions a machine should run.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.controlPlane) || !isSemver(self.kubelet, true) || !isSemver(self.controlPlane, true) || !semver(self.kubelet, true).isGreaterThan(semver(self.controlPlane, true))",message="the kubelet must not be newer than the control plane: lower versions.kubelet or raise versions.controlPlane"
+// +kubebuilder:validation:XValidation:rule="!has(self.controlPlane) || !isSemver(self.kubelet, true) || !isSemver(self.controlPlane, true) || !semver(self.kubelet, true).isGreaterThan(semver(self.controlPlane, true))",message="the kubelet must not be newer than the control plane: lower versions.kubelet or raise versions.controlPlane",fieldPath=.kubelet
 type MachineVersions struct {
 	// kubelet is the version of the kubelet (and kube-proxy) on the machine,
 	// for example v1.37.2. It must not be newer than the cluster's control
@@ -344,10 +345,10 @@ type Machine struct {
 	// spec is the desired state of the machine.
 	//
 	// +required
-	// +kubebuilder:validation:XValidation:rule="self.clusterName == oldSelf.clusterName",message="clusterName cannot be changed after creation: create a new machine in the other cluster and delete this one"
-	// +kubebuilder:validation:XValidation:rule="self.roles == oldSelf.roles",message="roles cannot be changed after creation: create a machine with the new roles and delete this one"
-	// +kubebuilder:validation:XValidation:rule="has(self.classRef) == has(oldSelf.classRef) && (!has(self.classRef) || self.classRef.name == oldSelf.classRef.name)",message="classRef cannot be added, removed or changed after creation: create a machine of the other class and delete this one"
-	// +kubebuilder:validation:XValidation:rule="!has(self.providerSpec) || !has(oldSelf.providerSpec) || (self.providerSpec.kind == oldSelf.providerSpec.kind && self.providerSpec.apiVersion.split('/')[0] == oldSelf.providerSpec.apiVersion.split('/')[0])",message="providerSpec kind and API group cannot be changed after creation: they choose the provider that owns the machine; create a new machine for the other provider and delete this one"
+	// +kubebuilder:validation:XValidation:rule="self.clusterName == oldSelf.clusterName",message="clusterName cannot be changed after creation: create a new machine in the other cluster and delete this one",fieldPath=.clusterName
+	// +kubebuilder:validation:XValidation:rule="self.roles == oldSelf.roles",message="roles cannot be changed after creation: create a machine with the new roles and delete this one",fieldPath=.roles
+	// +kubebuilder:validation:XValidation:rule="has(self.classRef) == has(oldSelf.classRef) && (!has(self.classRef) || self.classRef.name == oldSelf.classRef.name)",message="classRef cannot be added, removed or changed after creation: create a machine of the other class and delete this one",fieldPath=.classRef
+	// +kubebuilder:validation:XValidation:rule="!has(self.providerSpec) || !has(oldSelf.providerSpec) || (self.providerSpec.kind == oldSelf.providerSpec.kind && self.providerSpec.apiVersion.split('/')[0] == oldSelf.providerSpec.apiVersion.split('/')[0])",message="providerSpec kind and API group cannot be changed after creation: they choose the provider that owns the machine; create a new machine for the other provider and delete this one",fieldPath=.providerSpec
 	Spec MachineSpec `json:"spec"`
 
 	// status is the observed state of the machine, written by its controllers.

@@ -19,7 +19,7 @@ type MachineClassSpec struct {
 	// A machine of this class may override the fields listed in
 	// allowedOverrides; everything else is taken as is, and stays invisible to
 	// users who cannot read MachineClasses (M6). Its kind cannot be changed
-	// after creation.
+	// after creation. It may hold at most 64 KiB of JSON.
 	//
 	// +required
 	// +kubebuilder:validation:EmbeddedResource
@@ -68,7 +68,7 @@ type NodeTemplate struct {
 	// +listMapKey=key
 	// +listMapKey=effect
 	// +kubebuilder:validation:MaxItems=32
-	// +kubebuilder:validation:XValidation:rule="self.all(t, t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])",message="each taint's effect must be NoSchedule, PreferNoSchedule or NoExecute"
+	// +kubebuilder:validation:items:XValidation:rule="self.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute']",message="each taint's effect must be NoSchedule, PreferNoSchedule or NoExecute",fieldPath=.effect
 	Taints []corev1.Taint `json:"taints,omitempty"`
 
 	// capacity is the Node's resource capacity: cpu, memory, pods, and
@@ -100,7 +100,7 @@ type MachineClass struct {
 	// spec is the class.
 	//
 	// +required
-	// +kubebuilder:validation:XValidation:rule="self.providerSpec.kind == oldSelf.providerSpec.kind && self.providerSpec.apiVersion.split('/')[0] == oldSelf.providerSpec.apiVersion.split('/')[0]",message="providerSpec kind and API group cannot be changed: machines of this class belong to its provider; publish a new class for the other provider"
+	// +kubebuilder:validation:XValidation:rule="self.providerSpec.kind == oldSelf.providerSpec.kind && self.providerSpec.apiVersion.split('/')[0] == oldSelf.providerSpec.apiVersion.split('/')[0]",message="providerSpec kind and API group cannot be changed: machines of this class belong to its provider; publish a new class for the other provider",fieldPath=.providerSpec
 	Spec MachineClassSpec `json:"spec"`
 }
 

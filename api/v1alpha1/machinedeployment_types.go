@@ -21,7 +21,7 @@ const (
 
 // MachineDeploymentStrategy is how machines are replaced.
 //
-// +kubebuilder:validation:XValidation:rule="self.type == 'RollingUpdate' || !has(self.rollingUpdate)",message="rollingUpdate is only used with type RollingUpdate: remove it, or set type to RollingUpdate"
+// +kubebuilder:validation:XValidation:rule="self.type == 'RollingUpdate' || !has(self.rollingUpdate)",message="rollingUpdate is only used with type RollingUpdate: remove it, or set type to RollingUpdate",fieldPath=.rollingUpdate,reason=FieldValueForbidden
 type MachineDeploymentStrategy struct {
 	// type is RollingUpdate (the default: replace machines gradually) or
 	// OnDelete (create a replacement only when a machine is deleted).
@@ -39,7 +39,7 @@ type MachineDeploymentStrategy struct {
 // MachineRollingUpdate bounds how many machines a rolling update adds or
 // takes away at a time.
 //
-// +kubebuilder:validation:XValidation:rule="!(has(self.maxSurge) && has(self.maxUnavailable) && (self.maxSurge == 0 || self.maxSurge == '0%') && (self.maxUnavailable == 0 || self.maxUnavailable == '0%'))",message="maxSurge and maxUnavailable cannot both be zero, or the rollout could never make progress: raise one of them"
+// +kubebuilder:validation:XValidation:rule="!(has(self.maxSurge) && has(self.maxUnavailable) && (self.maxSurge == 0 || self.maxSurge == '0%') && (self.maxUnavailable == 0 || self.maxUnavailable == '0%'))",message="maxSurge and maxUnavailable cannot both be zero, or the rollout could never make progress: raise one of them",fieldPath=.maxSurge
 type MachineRollingUpdate struct {
 	// maxSurge is how many machines may exist above the desired replicas
 	// during the update: a number (1) or a percentage of replicas ("25%",
@@ -62,9 +62,9 @@ type MachineRollingUpdate struct {
 
 // MachineDeploymentSpec is the desired state of a MachineDeployment.
 //
-// +kubebuilder:validation:XValidation:rule="self.template.spec.clusterName == self.clusterName",message="template.spec.clusterName must equal clusterName: a deployment only creates machines of its own cluster"
-// +kubebuilder:validation:XValidation:rule="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)",message="selector must not be empty: set matchLabels to the template's labels (an empty selector would adopt and delete every machine in the namespace)"
-// +kubebuilder:validation:XValidation:rule="!('ControlPlane' in self.template.spec.roles)",message="a deployment makes workers only: remove ControlPlane from template.spec.roles; control-plane machines come from the Cluster's spec.controlPlane, which keeps etcd quorum"
+// +kubebuilder:validation:XValidation:rule="self.template.spec.clusterName == self.clusterName",message="template.spec.clusterName must equal clusterName: a deployment only creates machines of its own cluster",fieldPath=.template.spec.clusterName
+// +kubebuilder:validation:XValidation:rule="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)",message="selector must not be empty: set matchLabels to the template's labels (an empty selector would adopt and delete every machine in the namespace)",fieldPath=.selector
+// +kubebuilder:validation:XValidation:rule="!('ControlPlane' in self.template.spec.roles)",message="a deployment makes workers only: remove ControlPlane from template.spec.roles; control-plane machines come from the Cluster's spec.controlPlane, which keeps etcd quorum",fieldPath=.template.spec.roles,reason=FieldValueForbidden
 type MachineDeploymentSpec struct {
 	// clusterName is the name of the Cluster, in the same namespace, that the
 	// deployment's machines belong to. It cannot be changed after creation.
@@ -193,7 +193,7 @@ type MachineDeployment struct {
 	// spec is the desired state of the deployment.
 	//
 	// +required
-	// +kubebuilder:validation:XValidation:rule="self.clusterName == oldSelf.clusterName",message="clusterName cannot be changed after creation: create a new deployment in the other cluster"
+	// +kubebuilder:validation:XValidation:rule="self.clusterName == oldSelf.clusterName",message="clusterName cannot be changed after creation: create a new deployment in the other cluster",fieldPath=.clusterName
 	Spec MachineDeploymentSpec `json:"spec"`
 
 	// status is the observed state of the deployment.

@@ -50,9 +50,9 @@ type MachineTemplateMeta struct {
 
 // MachineSetSpec is the desired state of a MachineSet.
 //
-// +kubebuilder:validation:XValidation:rule="self.template.spec.clusterName == self.clusterName",message="template.spec.clusterName must equal clusterName: a set only creates machines of its own cluster"
-// +kubebuilder:validation:XValidation:rule="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)",message="selector must not be empty: set matchLabels to the template's labels (an empty selector would adopt and delete every machine in the namespace)"
-// +kubebuilder:validation:XValidation:rule="!('ControlPlane' in self.template.spec.roles)",message="a set makes workers only: remove ControlPlane from template.spec.roles; control-plane machines come from the Cluster's spec.controlPlane, which keeps etcd quorum"
+// +kubebuilder:validation:XValidation:rule="self.template.spec.clusterName == self.clusterName",message="template.spec.clusterName must equal clusterName: a set only creates machines of its own cluster",fieldPath=.template.spec.clusterName
+// +kubebuilder:validation:XValidation:rule="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)",message="selector must not be empty: set matchLabels to the template's labels (an empty selector would adopt and delete every machine in the namespace)",fieldPath=.selector
+// +kubebuilder:validation:XValidation:rule="!('ControlPlane' in self.template.spec.roles)",message="a set makes workers only: remove ControlPlane from template.spec.roles; control-plane machines come from the Cluster's spec.controlPlane, which keeps etcd quorum",fieldPath=.template.spec.roles,reason=FieldValueForbidden
 type MachineSetSpec struct {
 	// clusterName is the name of the Cluster, in the same namespace, that the
 	// set's machines belong to. It cannot be changed after creation.
@@ -161,7 +161,7 @@ type MachineSet struct {
 	// spec is the desired state of the set.
 	//
 	// +required
-	// +kubebuilder:validation:XValidation:rule="self.clusterName == oldSelf.clusterName",message="clusterName cannot be changed after creation: create a new set in the other cluster"
+	// +kubebuilder:validation:XValidation:rule="self.clusterName == oldSelf.clusterName",message="clusterName cannot be changed after creation: create a new set in the other cluster",fieldPath=.clusterName
 	Spec MachineSetSpec `json:"spec"`
 
 	// status is the observed state of the set.
