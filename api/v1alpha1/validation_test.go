@@ -143,16 +143,20 @@ func list(items ...any) []any { return append([]any{}, items...) }
 
 type obj = map[string]any
 
-// invalidCases are objects the API server must refuse, each with a part of
-// the message it must give. With update set, the object is created as
-// changed by create and must then be refused when changed by update.
-var invalidCases = []struct {
+// invalidCase is an object the API server must refuse, with a part of the
+// message it must give, which starts with the path of the field to fix.
+// With update set, the object is created as changed by create and must then
+// be refused when changed by update.
+type invalidCase struct {
 	name   string
 	base   string
 	create []change
 	update []change
 	want   string
-}{
+}
+
+// invalidCases are refused by the CRDs' schemas and CEL rules alone.
+var invalidCases = []invalidCase{
 	// Machine.
 	{name: "machine without class or providerSpec", base: validMachine,
 		create: []change{del("spec", "providerSpec")},
@@ -380,10 +384,15 @@ var invalidCases = []struct {
 		want:   "clusterName cannot be changed after creation: create a health check for the other cluster"},
 }
 
-func TestInvalidObjectsAreRefused(t *testing.T) {
+func TestInvalidObjectsAreRefused(t *testing.T) { runInvalidCases(t, invalidCases) }
+
+// runInvalidCases creates (and updates) each case's object in a namespace of
+// its own, next to the objects the cases refer to, and checks the refusal.
+func runInvalidCases(t *testing.T, cases []invalidCase) {
 	ns := env.Namespace(t)
+	referenced(t, ns)
 	ctx := context.Background()
-	for i, tc := range invalidCases {
+	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			u := decode(t, tc.base)
 			u.SetName(fmt.Sprintf("case-%d", i))
@@ -409,6 +418,29 @@ func TestInvalidObjectsAreRefused(t *testing.T) {
 	}
 }
 
+// referenced creates the objects the valid objects above refer to: the
+// Cluster prod in ns and the MachineClasses gpu and standard, so that an
+// admission webhook that checks references refuses a case for the reason the
+// case is about and not for a missing reference.
+func referenced(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	cl := decode(t, validCluster)
+	cl.SetName("prod")
+	cl.SetNamespace(ns)
+	if err := env.Client.Create(ctx, cl); err != nil {
+		t.Fatalf("creating the cluster the cases refer to: %v", err)
+	}
+	for _, name := range []string{"gpu", "standard"} {
+		mc := decode(t, validClass)
+		mc.SetName(name)
+		if err := env.Client.Create(ctx, mc); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("creating the class the cases refer to: %v", err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(ctx, mc) })
+	}
+}
+
 func assertRefused(t *testing.T, err error, want string) {
 	t.Helper()
 	if err == nil {
@@ -425,6 +457,7 @@ func assertRefused(t *testing.T, err error, want string) {
 // TestValidChangesAreAccepted guards against rules that refuse too much.
 func TestValidChangesAreAccepted(t *testing.T) {
 	ns := env.Namespace(t)
+	referenced(t, ns)
 	ctx := context.Background()
 	cases := []struct {
 		name   string

@@ -72,8 +72,8 @@ func providerSpec(raw *runtime.RawExtension, fldPath *field.Path) field.ErrorLis
 		return nil
 	}
 	err := field.TooLong(fldPath, "", ProviderSpecMaxBytes)
-	err.Detail = fmt.Sprintf("is %d bytes of JSON, more than the %d a providerSpec may hold: keep large data (scripts, images, certificates) in a Secret or ConfigMap the provider reads",
-		len(raw.Raw), ProviderSpecMaxBytes)
+	err.Detail = fmt.Sprintf("may hold at most %d bytes of JSON, not %d: keep large data (scripts, images, certificates) in a Secret or ConfigMap the provider reads",
+		ProviderSpecMaxBytes, len(raw.Raw))
 	return field.ErrorList{err}
 }
 

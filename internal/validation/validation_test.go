@@ -95,7 +95,7 @@ func TestMachine(t *testing.T) {
 		}},
 		{name: "providerSpec over the bound", change: func(s *clusterv1.MachineSpec) {
 			s.ProviderSpec = raw(padded(ProviderSpecMaxBytes + 1))
-		}, want: want{field.ErrorTypeTooLong, "spec.providerSpec", "more than the 65536 a providerSpec may hold"}},
+		}, want: want{field.ErrorTypeTooLong, "spec.providerSpec", "may hold at most 65536 bytes of JSON"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -222,7 +222,7 @@ func TestMachineClass(t *testing.T) {
 		}, want: want{field.ErrorTypeNotSupported, "spec.nodeTemplate.taints[0].effect", "supported values"}},
 		{name: "providerSpec over the bound", change: func(c *clusterv1.MachineClass) {
 			c.Spec.ProviderSpec = *raw(padded(ProviderSpecMaxBytes + 1))
-		}, want: want{field.ErrorTypeTooLong, "spec.providerSpec", "more than the 65536"}},
+		}, want: want{field.ErrorTypeTooLong, "spec.providerSpec", "may hold at most 65536 bytes"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
