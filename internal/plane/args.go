@@ -3,6 +3,7 @@ package plane
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 )
 
 func (p *Plane) pkiFile(name string) string { return filepath.Join(p.state.pki(), name) }
@@ -64,12 +65,35 @@ func (p *Plane) controllerManagerArgs() []string {
 	return []string{
 		"--kubeconfig=" + p.state.kubeconfig("controller-manager"),
 		// Only what a management plane needs: owner references cascade
-		// (garbage collector), namespaces delete with their contents, and new
-		// namespaces get their default service account.
-		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller",
+		// (garbage collector), namespaces delete with their contents, new
+		// namespaces get their default service account, and service-account
+		// token Secrets get their token.
+		"--controllers=" + strings.Join(controllerManagerControllers, ","),
+		// Each controller acts as its own service account in kube-system, as
+		// kubeadm runs it: the bootstrap policy grants
+		// system:controller:<name> what that controller needs, while the
+		// manager's own identity (system:kube-controller-manager) may only
+		// make those accounts and their tokens. Without this the garbage
+		// collector and the namespace controller are denied and deletions
+		// never cascade.
+		"--use-service-account-credentials=true",
+		// The token controller signs legacy token Secrets with the same key
+		// the API server verifies, and puts the plane's CA beside them.
+		"--service-account-private-key-file=" + p.pkiFile("sa.key"),
+		"--root-ca-file=" + p.pkiFile("ca.crt"),
 		"--leader-elect=false",
 		// No HTTPS endpoint: nothing scrapes it, and it would be one more port.
 		"--secure-port=0",
 		"--v=0",
 	}
+}
+
+// controllerManagerControllers are the kube-controller-manager controllers
+// the plane runs; everything else (pods, nodes, volumes) has nothing to act
+// on in a management plane.
+var controllerManagerControllers = []string{
+	"garbage-collector-controller",
+	"namespace-controller",
+	"serviceaccount-controller",
+	"serviceaccount-token-controller",
 }

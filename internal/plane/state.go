@@ -108,14 +108,20 @@ type leaf struct {
 var loopback = []net.IP{net.ParseIP("127.0.0.1")}
 
 // leaves are issued from the plane's CA. Client certificates carry the user
-// (CN) and groups (O) the API server authorizes with RBAC; the bootstrap
-// policy already grants system:kube-controller-manager what it needs.
+// (CN) and groups (O) the API server authorizes with RBAC. The bootstrap
+// policy lets system:kube-controller-manager make one service account per
+// controller and request its tokens, and nothing more: its controllers run
+// as those accounts (--use-service-account-credentials), each with its own
+// system:controller:<name> role.
 var leaves = []leaf{
 	{"etcd", pki.CertSpec{CommonName: "etcd", DNSNames: []string{"localhost"}, IPs: loopback, Usage: pki.ServerAuth | pki.ClientAuth}},
 	{"apiserver", pki.CertSpec{CommonName: "kube-apiserver", DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}, IPs: loopback, Usage: pki.ServerAuth}},
 	{"apiserver-etcd-client", pki.CertSpec{CommonName: "kube-apiserver-etcd-client", Usage: pki.ClientAuth}},
 	{"admin", pki.CertSpec{CommonName: "marina-admin", Organizations: []string{"system:masters"}, Usage: pki.ClientAuth}},
 	{"controller-manager", pki.CertSpec{CommonName: "system:kube-controller-manager", Usage: pki.ClientAuth}},
+	// marina's admission webhook, served in-process on loopback; the API
+	// server trusts it through the plane's CA.
+	{"webhook", pki.CertSpec{CommonName: "marina-webhook", DNSNames: []string{"localhost"}, IPs: loopback, Usage: pki.ServerAuth}},
 }
 
 // ensurePKI loads the CA, generating it on first start, and (re)issues every
