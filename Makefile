@@ -19,14 +19,15 @@ build: ## Build bin/marina
 	go build -o $(BIN)/marina ./cmd/marina
 
 .PHONY: generate
-generate: ## Generate deepcopy code, CRDs and RBAC from the Go markers
+generate: ## Generate deepcopy code, CRDs, RBAC and the webhook configuration from the Go markers
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=marina-manager paths=./internal/... output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) webhook paths=./internal/webhook/... output:webhook:artifacts:config=config/webhook
 
 .PHONY: verify-generated
 verify-generated: generate ## Fail when generated files are stale
-	@test -z "$$(git status --porcelain -- api config/crd config/rbac)" || { git status --short -- api config/crd config/rbac; git diff -- api config/crd config/rbac | head -50; echo "generated files are stale: run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- api config/crd config/rbac config/webhook)" || { git status --short -- api config/crd config/rbac config/webhook; git diff -- api config/crd config/rbac config/webhook | head -50; echo "generated files are stale: run make generate and commit"; exit 1; }
 
 .PHONY: lint
 lint: ## gofmt and go vet

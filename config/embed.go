@@ -1,5 +1,6 @@
 // Package config holds marina's deployment manifests (kustomize) and embeds
-// the generated CRDs so that `marina up` installs exactly what the tests use.
+// the generated CRDs and webhook configuration so that `marina up` installs
+// exactly what the tests use.
 package config
 
 import "embed"
@@ -11,3 +12,10 @@ var CRDs embed.FS
 
 // CRDDir is the directory inside CRDs that holds the YAML files.
 const CRDDir = "crd/bases"
+
+// Webhook holds the generated admission webhook configuration
+// (webhook/manifests.yaml): `marina up` installs it pointing at its
+// in-process server.
+//
+//go:embed webhook/manifests.yaml
+var Webhook []byte

@@ -43,6 +43,16 @@ type Provider interface {
 	Delete(ctx context.Context, uid types.UID) error
 }
 
+// VersionLister is implemented by a provider that can run only some
+// Kubernetes versions on control-plane machines (the local provider runs the
+// releases make setup built). A Cluster or Machine asking for another version
+// is refused at admission, listing these.
+type VersionLister interface {
+	// KubernetesVersions lists the control-plane versions the provider can
+	// run, e.g. ["v1.36.3", "v1.37.2"]; nil means any.
+	KubernetesVersions() ([]string, error)
+}
+
 // Request is what a provider needs to make one machine.
 type Request struct {
 	// UID is the Machine's UID: the idempotency key of every call.

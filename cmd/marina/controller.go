@@ -13,7 +13,7 @@ import (
 )
 
 func newControllerCommand() *cobra.Command {
-	var kubeconfig, localDir string
+	var kubeconfig, localDir, binDir string
 	var externalKinds []string
 	opts := manager.Options{
 		LeaderElection:          true,
@@ -35,7 +35,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				return fmt.Errorf("loading kubeconfig: %w", err)
 			}
 			if localDir != "" {
-				local, err := newLocalProvider(localDir)
+				local, err := newLocalProvider(localDir, binDir)
 				if err != nil {
 					return err
 				}
@@ -69,6 +69,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.BoolVar(&opts.LeaderElection, "leader-elect", opts.LeaderElection, "elect a leader among replicas")
 	f.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader election Lease")
 	f.StringVar(&localDir, "local-provider-dir", "", "run the local provider, keeping machine sandboxes in this directory (empty: no local provider)")
+	f.StringVar(&binDir, "bin-dir", envOr("MARINA_BIN_DIR", defaultBinDir()), "directory holding the components make setup built: the control-plane versions the local provider can run (env MARINA_BIN_DIR)")
 	f.BoolVar(&opts.ReportUnowned, "report-unowned", true, "report machines whose providerSpec kind no provider owns (leave it on in exactly one controller)")
 	f.StringSliceVar(&externalKinds, "external-provider-kinds", nil, "providerSpec kinds owned by provider processes elsewhere, as group/version/Kind (not reported as unowned)")
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, `address of the metrics endpoint ("0" disables it)`)

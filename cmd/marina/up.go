@@ -8,14 +8,18 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"marina.dev/marina/internal/crds"
 	"marina.dev/marina/internal/manager"
 	"marina.dev/marina/internal/plane"
 	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
 	"marina.dev/marina/provider/local"
 	"marina.dev/marina/tools"
@@ -30,6 +34,7 @@ func newUpCommand() *cobra.Command {
 		EtcdVersion: pinned.Etcd,
 		APIPort:     plane.DefaultAPIPort,
 		EtcdPort:    plane.DefaultEtcdPort,
+		WebhookPort: plane.DefaultWebhookPort,
 	}
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -51,6 +56,7 @@ survives a restart. Stop it with Ctrl-C (SIGINT) or SIGTERM.`,
 	f.StringVar(&opts.KubeVersion, "kube-version", opts.KubeVersion, fmt.Sprintf("Kubernetes release of the management plane, one of %v", pinned.Kube))
 	f.IntVar(&opts.APIPort, "api-port", opts.APIPort, "kube-apiserver port on 127.0.0.1")
 	f.IntVar(&opts.EtcdPort, "etcd-port", opts.EtcdPort, "etcd client port on 127.0.0.1 (the peer port is the next one)")
+	f.IntVar(&opts.WebhookPort, "webhook-port", opts.WebhookPort, "port on 127.0.0.1 of marina's admission webhook, which the API server calls to check every marina object")
 	return cmd
 }
 
@@ -75,15 +81,20 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options) error {
 	if err := crds.Install(ctx, c); err != nil {
 		return fmt.Errorf("installing marina's CRDs: %w", err)
 	}
-	local, err := newLocalProvider(filepath.Join(opts.StateDir, "machines"))
+	local, err := newLocalProvider(filepath.Join(opts.StateDir, "machines"), opts.BinDir)
 	if err != nil {
 		return err
 	}
+	certDir, certName, keyName := p.WebhookCert()
 	mgr, err := manager.New(ctx, p.Config(), manager.Options{
 		MetricsAddr:   "0",
 		HealthAddr:    "0",
 		Providers:     []provider.Provider{local},
 		ReportUnowned: true,
+		Webhook: &manager.WebhookOptions{
+			Host: "127.0.0.1", Port: opts.WebhookPort,
+			CertDir: certDir, CertName: certName, KeyName: keyName,
+		},
 	})
 	if err != nil {
 		return err
@@ -92,6 +103,9 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options) error {
 	defer stopManager()
 	mgrDone := make(chan error, 1)
 	go func() { mgrDone <- mgr.Start(mgrCtx) }()
+	if err := installWebhook(ctx, c, mgr, p, mgrDone); err != nil {
+		return err
+	}
 
 	fmt.Fprintf(out, "\nThe marina management plane is up (Kubernetes %s).\n", opts.KubeVersion)
 	fmt.Fprintf(out, "  export KUBECONFIG=%s\n", p.AdminKubeconfig())
@@ -117,12 +131,37 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options) error {
 	}
 }
 
+// installWebhook waits until the in-process admission webhook answers, then
+// points the API server at it. Until then, and whenever marina is down,
+// writes of marina's kinds are refused (failure policy Fail): nothing
+// unchecked is stored.
+func installWebhook(ctx context.Context, c client.Client, mgr ctrl.Manager, p *plane.Plane, mgrDone <-chan error) error {
+	started := mgr.GetWebhookServer().StartedChecker()
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		select {
+		case err := <-mgrDone:
+			return false, fmt.Errorf("controllers stopped before the webhook started: %w", err)
+		default:
+		}
+		return started(nil) == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the admission webhook on %s: %w", p.WebhookURL(), err)
+	}
+	cfg, err := webhook.Configuration(p.WebhookURL(), p.CAData())
+	if err != nil {
+		return err
+	}
+	return webhook.Install(ctx, c, cfg)
+}
+
 // newLocalProvider keeps sandboxes under root and starts their agents with
-// this very binary (marina node-agent).
-func newLocalProvider(root string) (*local.Provider, error) {
+// this very binary (marina node-agent). binDir holds the control-plane
+// versions it can run.
+func newLocalProvider(root, binDir string) (*local.Provider, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
-	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}})
+	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, BinDir: binDir})
 }

@@ -11,9 +11,11 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"marina.dev/marina/internal/controller/machine"
 	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
 )
 
@@ -34,6 +36,21 @@ type Options struct {
 	// provider owns; ExternalKinds are owned by provider processes elsewhere.
 	ReportUnowned bool
 	ExternalKinds []schema.GroupVersionKind
+	// Webhook serves marina's admission webhook (internal/webhook) from
+	// this manager; nil serves none.
+	Webhook *WebhookOptions
+}
+
+// WebhookOptions say where the admission webhook listens and which serving
+// certificate it presents.
+type WebhookOptions struct {
+	// Host and Port to listen on; "127.0.0.1" keeps it on loopback.
+	Host string
+	Port int
+	// CertDir holds the serving certificate and key, named CertName and
+	// KeyName (tls.crt and tls.key when empty). The files are re-read when
+	// they change, so a renewed certificate needs no restart.
+	CertDir, CertName, KeyName string
 }
 
 // LeaderElectionID names the Lease the replicas compete for.
@@ -52,6 +69,16 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		// measured with bench/, it capped provisioning at ~1.5 machines/s.
 		cfg.QPS, cfg.Burst = 100, 200
 	}
+	registry, err := provider.NewRegistry(opts.Providers...)
+	if err != nil {
+		return nil, err
+	}
+	var webhookServer crwebhook.Server
+	if w := opts.Webhook; w != nil {
+		webhookServer = crwebhook.NewServer(crwebhook.Options{
+			Host: w.Host, Port: w.Port, CertDir: w.CertDir, CertName: w.CertName, KeyName: w.KeyName,
+		})
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme.New(),
 		LeaderElection:          opts.LeaderElection,
@@ -62,23 +89,25 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		LeaderElectionReleaseOnCancel: true,
 		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
 		HealthProbeBindAddress:        opts.HealthAddr,
+		WebhookServer:                 webhookServer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating controller manager: %w", err)
 	}
-	if err := setupControllers(ctx, mgr, opts); err != nil {
+	if err := setupControllers(ctx, mgr, registry, opts); err != nil {
 		return nil, err
+	}
+	if opts.Webhook != nil {
+		if err := webhook.Setup(mgr, webhook.Options{Providers: registry, ExternalKinds: opts.ExternalKinds}); err != nil {
+			return nil, err
+		}
 	}
 	return mgr, nil
 }
 
 // setupControllers registers each controller with the manager. Controllers
 // arrive with their issues; this list is the one place they are wired in.
-func setupControllers(ctx context.Context, mgr ctrl.Manager, opts Options) error {
-	registry, err := provider.NewRegistry(opts.Providers...)
-	if err != nil {
-		return err
-	}
+func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.Registry, opts Options) error {
 	if _, err := machine.SetupWithManager(ctx, mgr, machine.Options{
 		Providers:               registry,
 		ReportUnowned:           opts.ReportUnowned,

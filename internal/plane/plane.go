@@ -19,8 +19,9 @@ import (
 // Default loopback ports. They differ from the usual 6443/2379 so that
 // marina runs beside a local Kubernetes without a clash.
 const (
-	DefaultAPIPort  = 7443
-	DefaultEtcdPort = 7379
+	DefaultAPIPort     = 7443
+	DefaultEtcdPort    = 7379
+	DefaultWebhookPort = 7444
 )
 
 // Options configure a management plane.
@@ -36,6 +37,10 @@ type Options struct {
 	// EtcdPort+1 its peer port. All listen on 127.0.0.1 only.
 	APIPort  int
 	EtcdPort int
+	// WebhookPort is where marina's admission webhook listens, on
+	// 127.0.0.1; the plane checks it is free and issues its certificate.
+	// Zero: no webhook.
+	WebhookPort int
 	// Progress receives human-readable progress lines; nil discards them.
 	Progress io.Writer
 }
@@ -77,7 +82,11 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 			_ = p.Stop()
 		}
 	}()
-	if err := checkPortsFree(opts.APIPort, opts.EtcdPort, opts.EtcdPort+1); err != nil {
+	ports := []int{opts.APIPort, opts.EtcdPort, opts.EtcdPort + 1}
+	if opts.WebhookPort != 0 {
+		ports = append(ports, opts.WebhookPort)
+	}
+	if err := checkPortsFree(ports...); err != nil {
 		return nil, err
 	}
 	certs, err := p.state.ensurePKI(time.Now())
@@ -117,6 +126,22 @@ func (p *Plane) Config() *rest.Config { return rest.CopyConfig(p.config) }
 
 // AdminKubeconfig is the path of the administrator's kubeconfig.
 func (p *Plane) AdminKubeconfig() string { return p.state.AdminKubeconfig() }
+
+// WebhookURL is where the API server reaches marina's admission webhook.
+func (p *Plane) WebhookURL() string {
+	return "https://" + net.JoinHostPort(host, strconv.Itoa(p.opts.WebhookPort))
+}
+
+// WebhookCert is where the admission webhook's serving certificate and key
+// are (issued by the plane's CA for 127.0.0.1), as a directory and the two
+// file names in it.
+func (p *Plane) WebhookCert() (dir, certName, keyName string) {
+	return p.state.pki(), "webhook.crt", "webhook.key"
+}
+
+// CAData is the plane's CA certificate (PEM): what the API server trusts
+// and what clients of the plane verify it with.
+func (p *Plane) CAData() []byte { return p.config.CAData }
 
 // Failed is closed when a component exits on its own; Err then says which
 // and why.
@@ -185,7 +210,7 @@ func checkPortsFree(ports ...int) error {
 		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 		if err != nil {
 			return fmt.Errorf("port %d on %s is already in use (another marina up, or another program): "+
-				"stop it, or choose other ports with --api-port and --etcd-port: %w", port, host, err)
+				"stop it, or choose other ports with --api-port, --etcd-port and --webhook-port: %w", port, host, err)
 		}
 		l.Close()
 	}

@@ -22,10 +22,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/internal/webhook"
+	"marina.dev/marina/provider"
 	"marina.dev/marina/tools"
 )
 
@@ -43,6 +48,8 @@ type Env struct {
 	Kubeconfig []byte
 
 	env *envtest.Environment
+	// stopWebhook stops the in-process admission webhook, if one runs.
+	stopWebhook func()
 }
 
 // RepoRoot walks up from the working directory (a package directory under
@@ -82,7 +89,72 @@ func Start() (*Env, error) { return start(true) }
 // workload cluster's control plane.
 func StartWorkload() (*Env, error) { return start(false) }
 
-func start(withCRDs bool) (*Env, error) {
+// StartWithWebhook starts a management plane (Start) whose API server calls
+// marina's admission webhook (config/webhook), served from this process by
+// internal/webhook with the given providers, exactly as `marina up` serves
+// it: every write of a marina kind is checked by it.
+func StartWithWebhook(providers ...provider.Provider) (*Env, error) {
+	e, err := startEnv(true, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.serveWebhook(providers); err != nil {
+		_ = e.Stop()
+		return nil, err
+	}
+	return e, nil
+}
+
+// serveWebhook runs the admission webhook where envtest told the API server
+// to find it.
+func (e *Env) serveWebhook(providers []provider.Provider) error {
+	registry, err := provider.NewRegistry(providers...)
+	if err != nil {
+		return err
+	}
+	w := &e.env.WebhookInstallOptions
+	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
+		Scheme:                 e.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
+			Host: w.LocalServingHost, Port: w.LocalServingPort, CertDir: w.LocalServingCertDir,
+		}),
+	})
+	if err != nil {
+		return fmt.Errorf("creating the webhook's manager: %w", err)
+	}
+	if err := webhook.Setup(mgr, webhook.Options{Providers: registry}); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	e.stopWebhook = func() { cancel(); <-done }
+	started := mgr.GetWebhookServer().StartedChecker()
+	deadline := time.Now().Add(time.Minute)
+	for started(nil) != nil {
+		if time.Now().After(deadline) {
+			e.stopWebhook()
+			return errors.New("the admission webhook did not start within a minute")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// StopWebhook stops the in-process admission webhook, as if marina were
+// down; the API server keeps calling it.
+func (e *Env) StopWebhook() {
+	if e.stopWebhook != nil {
+		e.stopWebhook()
+		e.stopWebhook = nil
+	}
+}
+
+func start(withCRDs bool) (*Env, error) { return startEnv(withCRDs, false) }
+
+func startEnv(withCRDs, withWebhook bool) (*Env, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -99,6 +171,11 @@ func start(withCRDs bool) (*Env, error) {
 		e.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
 		e.ErrorIfCRDPathMissing = true
 	}
+	if withWebhook {
+		// envtest rewrites the configuration to reach a local port with a
+		// certificate of its own making.
+		e.WebhookInstallOptions.Paths = []string{filepath.Join(root, "config", "webhook", "manifests.yaml")}
+	}
 	cfg, err := e.Start()
 	if err != nil {
 		// Start can fail after the processes run (a CRD the server refuses):
@@ -114,13 +191,24 @@ func start(withCRDs bool) (*Env, error) {
 	return &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, Kubeconfig: e.KubeConfig, env: e}, nil
 }
 
-// Stop stops the API server and etcd and removes their directories.
-func (e *Env) Stop() error { return e.env.Stop() }
+// Stop stops the webhook (if any), the API server and etcd, and removes
+// their directories.
+func (e *Env) Stop() error {
+	e.StopWebhook()
+	return e.env.Stop()
+}
 
 // Main is the body of a package's TestMain: it starts one Env, stores it in
 // *env, runs the tests and stops the Env whatever happens.
-func Main(m *testing.M, env **Env) {
-	e, err := Start()
+func Main(m *testing.M, env **Env) { run(m, env, Start) }
+
+// MainWithWebhook is Main with StartWithWebhook.
+func MainWithWebhook(m *testing.M, env **Env, providers ...provider.Provider) {
+	run(m, env, func() (*Env, error) { return StartWithWebhook(providers...) })
+}
+
+func run(m *testing.M, env **Env, start func() (*Env, error)) {
+	e, err := start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

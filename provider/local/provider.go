@@ -7,12 +7,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/version"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/files"
@@ -37,6 +39,10 @@ type Options struct {
 	// AgentStopTimeout is how long Delete waits after SIGTERM before
 	// SIGKILL; 10s when zero.
 	AgentStopTimeout time.Duration
+	// BinDir holds the components make setup built
+	// (kube-apiserver-<version>, ...): the control-plane versions this
+	// provider can run. Empty: any version is accepted.
+	BinDir string
 }
 
 // Provider is the local provider. It is safe for concurrent use; calls for
@@ -47,7 +53,10 @@ type Provider struct {
 	locks sync.Map // types.UID -> *sync.Mutex
 }
 
-var _ provider.Provider = (*Provider)(nil)
+var (
+	_ provider.Provider      = (*Provider)(nil)
+	_ provider.VersionLister = (*Provider)(nil)
+)
 
 // New returns a local provider keeping its sandboxes under opts.Root.
 func New(opts Options) (*Provider, error) {
@@ -76,6 +85,33 @@ func New(opts Options) (*Provider, error) {
 
 // Name implements provider.Provider.
 func (p *Provider) Name() string { return Name }
+
+// KubernetesVersions implements provider.VersionLister: the releases whose
+// kube-apiserver is in Options.BinDir, oldest first.
+func (p *Provider) KubernetesVersions() ([]string, error) {
+	if p.opts.BinDir == "" {
+		return nil, nil
+	}
+	found, err := filepath.Glob(filepath.Join(p.opts.BinDir, "kube-apiserver-v*"))
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", p.opts.BinDir, err)
+	}
+	versions := make([]string, 0, len(found))
+	for _, f := range found {
+		versions = append(versions, strings.TrimPrefix(filepath.Base(f), "kube-apiserver-"))
+	}
+	slices.SortFunc(versions, func(a, b string) int {
+		va, err := version.ParseSemantic(a)
+		if err != nil {
+			return strings.Compare(a, b)
+		}
+		if c, err := va.Compare(b); err == nil {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	return versions, nil
+}
 
 // Kinds implements provider.Provider: LocalMachine.
 func (p *Provider) Kinds() []schema.GroupVersionKind {

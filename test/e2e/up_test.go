@@ -51,11 +51,12 @@ func startUp(t *testing.T, stateDir string) *upProcess {
 		t.Fatal(err)
 	}
 	out := &syncBuffer{}
-	base := testenv.FreePorts(t, 3) // API, etcd client, etcd peer
+	base := testenv.FreePorts(t, 4) // API, etcd client, etcd peer, webhook
 	cmd := exec.Command(marinaBin, "up",
 		"--state-dir", stateDir, "--bin-dir", binDir,
 		"--api-port", strconv.Itoa(base),
-		"--etcd-port", strconv.Itoa(base+1))
+		"--etcd-port", strconv.Itoa(base+1),
+		"--webhook-port", strconv.Itoa(base+3))
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting marina up: %v", err)
