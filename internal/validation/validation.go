@@ -16,7 +16,10 @@ import (
 // its control plane's references and provider configuration, and the flags
 // it adds to the control-plane components.
 func Cluster(c *clusterv1.Cluster) field.ErrorList {
-	errs := dnsLabel(c.Name, field.NewPath("metadata", "name"))
+	var errs field.ErrorList
+	if c.Name != "" { // generateName is resolved before admission; an empty name is the API server's to refuse
+		errs = dnsLabel(c.Name, field.NewPath("metadata", "name"))
+	}
 	spec := field.NewPath("spec")
 	errs = append(errs, serviceNetworks(c.Spec.ClusterNetwork.Services, spec.Child("clusterNetwork", "services"))...)
 	errs = append(errs, endpointHost(c.Spec.ControlPlaneEndpoint.Host, spec.Child("controlPlaneEndpoint", "host"))...)
