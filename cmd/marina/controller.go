@@ -2,18 +2,28 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmanager "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"marina.dev/marina/internal/manager"
+	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
 )
 
 func newControllerCommand() *cobra.Command {
-	var kubeconfig, localDir, binDir string
+	var kubeconfig, localDir, binDir, webhookService string
+	webhookPort := 9443
+	certs := webhook.CertOptions{SecretName: "marina-webhook-tls", Dir: filepath.Join(os.TempDir(), "marina-webhook-certs")}
 	var externalKinds []string
 	opts := manager.Options{
 		LeaderElection:          true,
@@ -49,9 +59,32 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				opts.ExternalKinds = append(opts.ExternalKinds, gvk)
 			}
 			ctx := ctrl.SetupSignalHandler()
+			var renewer ctrlmanager.Runnable
+			if webhookPort != 0 {
+				if certs.Namespace, certs.Service, err = splitNamespacedName(webhookService); err != nil {
+					return fmt.Errorf("--webhook-service: %w", err)
+				}
+				c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+				if err != nil {
+					return fmt.Errorf("building client: %w", err)
+				}
+				if err := os.MkdirAll(certs.Dir, 0o700); err != nil {
+					return fmt.Errorf("creating --webhook-cert-dir: %w", err)
+				}
+				if err := webhook.EnsureServingCert(ctx, c, certs, time.Now()); err != nil {
+					return err
+				}
+				renewer = webhook.CertRenewer(c, certs, 12*time.Hour)
+				opts.Webhook = &manager.WebhookOptions{Port: webhookPort, CertDir: certs.Dir}
+			}
 			mgr, err := manager.New(ctx, cfg, opts)
 			if err != nil {
 				return err
+			}
+			if renewer != nil {
+				if err := mgr.Add(renewer); err != nil {
+					return err
+				}
 			}
 			if opts.HealthAddr != "0" {
 				if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -59,6 +92,11 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				}
 				if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 					return err
+				}
+				if opts.Webhook != nil {
+					if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+						return err
+					}
 				}
 			}
 			return mgr.Start(ctx)
@@ -72,7 +110,20 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.StringVar(&binDir, "bin-dir", envOr("MARINA_BIN_DIR", defaultBinDir()), "directory holding the components make setup built: the control-plane versions the local provider can run (env MARINA_BIN_DIR)")
 	f.BoolVar(&opts.ReportUnowned, "report-unowned", true, "report machines whose providerSpec kind no provider owns (leave it on in exactly one controller)")
 	f.StringSliceVar(&externalKinds, "external-provider-kinds", nil, "providerSpec kinds owned by provider processes elsewhere, as group/version/Kind (not reported as unowned)")
+	f.IntVar(&webhookPort, "webhook-port", webhookPort, "port of the admission webhook the API server calls to check marina's objects (0: serve none)")
+	f.StringVar(&webhookService, "webhook-service", "marina-system/marina-webhook", "namespace/name of the Service in front of the webhook; its serving certificate is issued for <name>.<namespace>.svc")
+	f.StringVar(&certs.SecretName, "webhook-cert-secret", certs.SecretName, "Secret, in the webhook Service's namespace, that holds the webhook's own CA and serving certificate (created if missing)")
+	f.StringVar(&certs.Dir, "webhook-cert-dir", certs.Dir, "directory the serving certificate is written to for the webhook server")
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, `address of the metrics endpoint ("0" disables it)`)
 	f.StringVar(&opts.HealthAddr, "health-probe-bind-address", opts.HealthAddr, `address of /healthz and /readyz ("0" disables them)`)
 	return cmd
+}
+
+// splitNamespacedName splits "namespace/name".
+func splitNamespacedName(s string) (namespace, name string, err error) {
+	namespace, name, ok := strings.Cut(s, "/")
+	if !ok || namespace == "" || name == "" {
+		return "", "", fmt.Errorf("%q is not namespace/name", s)
+	}
+	return namespace, name, nil
 }

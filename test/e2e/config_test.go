@@ -1,6 +1,10 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"os/exec"
@@ -9,7 +13,12 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
 	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/internal/webhook"
 )
 
 // config/default is what `kubectl apply -k` installs into an existing
@@ -42,13 +51,25 @@ func TestConfigDefault(t *testing.T) {
 			{"-n", "marina-system", "deployment", "marina-controller"},
 			{"-n", "marina-system", "role", "marina-leader-election"},
 			{"validatingadmissionpolicy", "marina-tenant-machines"},
+			{"validatingwebhookconfiguration", webhook.ConfigurationName},
+			{"-n", "marina-system", "service", "marina-webhook"},
 		} {
 			if out, err := kubectl("", append([]string{"get"}, obj...)...); err != nil {
 				t.Errorf("kubectl get %v after apply: %v\n%s", obj, err, out)
 			}
 		}
 	})
+	t.Run("the controller manages its webhook's certificate", func(t *testing.T) {
+		testWebhookCert(t, env)
+	})
 	t.Run("tenants make machines from classes only", func(t *testing.T) {
+		// No controller runs here to serve the webhook, and its Service's
+		// address is not one this test may send to: the tenancy policy is
+		// checked on its own (internal/webhook tests the webhook, failing
+		// closed included).
+		if out, err := kubectl("", "delete", "validatingwebhookconfiguration", webhook.ConfigurationName); err != nil {
+			t.Fatalf("removing the webhook: %v\n%s", err, out)
+		}
 		testTenancy(t, kubectl)
 	})
 }
@@ -127,4 +148,55 @@ spec:
   versions: %s
   %s
 `, name, role, versions, provider)
+}
+
+// testWebhookCert: `marina controller` gives its webhook a certificate of
+// its own, shared by replicas through one Secret, and makes the API server
+// trust it; running it again changes nothing.
+func testWebhookCert(t *testing.T, env *testenv.Env) {
+	ctx := context.Background()
+	opts := webhook.CertOptions{Namespace: "marina-system", Service: "marina-webhook", SecretName: "marina-webhook-tls", Dir: t.TempDir()}
+	if err := webhook.EnsureServingCert(ctx, env.Client, opts, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{}
+	if err := env.Client.Get(ctx, types.NamespacedName{Namespace: opts.Namespace, Name: opts.SecretName}, secret); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	if err := env.Client.Get(ctx, types.NamespacedName{Name: webhook.ConfigurationName}, cfg); err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(secret.Data["ca.crt"]) {
+		t.Fatal("the Secret's ca.crt holds no certificate")
+	}
+	for _, w := range cfg.Webhooks {
+		if !bytes.Equal(w.ClientConfig.CABundle, secret.Data["ca.crt"]) {
+			t.Errorf("webhook %s does not trust the Secret's CA", w.Name)
+		}
+		if s := w.ClientConfig.Service; s == nil || s.Namespace != opts.Namespace || s.Name != opts.Service {
+			t.Errorf("webhook %s is not sent to Service %s/%s: %+v", w.Name, opts.Namespace, opts.Service, s)
+		}
+	}
+	pair, err := tls.LoadX509KeyPair(filepath.Join(opts.Dir, "tls.crt"), filepath.Join(opts.Dir, "tls.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pair.Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "marina-webhook.marina-system.svc"}); err != nil {
+		t.Errorf("the serving certificate does not verify for the Service's name: %v", err)
+	}
+	if st, err := os.Stat(filepath.Join(opts.Dir, "tls.key")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("tls.key: mode %v, err %v; want 0600", st.Mode().Perm(), err)
+	}
+	version := secret.ResourceVersion
+	if err := webhook.EnsureServingCert(ctx, env.Client, opts, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, types.NamespacedName{Namespace: opts.Namespace, Name: opts.SecretName}, secret); err != nil {
+		t.Fatal(err)
+	}
+	if secret.ResourceVersion != version {
+		t.Error("a second run rewrote a certificate that was still good")
+	}
 }
