@@ -373,7 +373,7 @@ type ControlPlaneStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:path=clusters,scope=Namespaced,shortName=cl,categories=marina
-// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="a cluster name must be at most 63 characters, because it is used as a label value: choose a shorter name"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="metadata.name must be at most 63 characters for a cluster, because it is used as a label value: choose a shorter name"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.controlPlane.version`
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.controlPlane.replicas`

@@ -9,6 +9,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/validation"
@@ -174,6 +175,29 @@ func TestWebhookRefusesInvalidObjects(t *testing.T) {
 		t.Skip("marina's admission webhook is not registered with this test API server; TestWebhookRulesInGo checks the same cases without it")
 	}
 	runInvalidCases(t, webhookInvalidCases)
+}
+
+// TestWebhookCasesPassTheSchema checks, while no webhook is registered, that
+// the API server's schema and CEL rules accept every case, so that each case
+// tests the webhook and not the schema.
+func TestWebhookCasesPassTheSchema(t *testing.T) {
+	if webhookInstalled(t) {
+		t.Skip("marina's admission webhook is registered: TestWebhookRefusesInvalidObjects covers the cases")
+	}
+	ns := env.Namespace(t)
+	for _, tc := range webhookInvalidCases {
+		t.Run(tc.name, func(t *testing.T) {
+			u := decode(t, tc.base)
+			u.SetName("case")
+			namespace(t, u, ns)
+			for _, c := range tc.create {
+				c(u.Object)
+			}
+			if err := env.Client.Create(context.Background(), u, client.DryRunAll); err != nil {
+				t.Fatalf("the schema refuses the case, so it does not test the webhook: %v", err)
+			}
+		})
+	}
 }
 
 // TestWebhookRulesInGo checks that each case is valid to the schema's eyes

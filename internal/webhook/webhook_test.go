@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -232,6 +233,9 @@ func TestAcceptsValidObjectsOfEveryKind(t *testing.T) {
 		Spec: clusterv1.MachineHealthCheckSpec{
 			ClusterName: "prod",
 			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{"pool": "b"}},
+			UnhealthyConditions: []clusterv1.UnhealthyCondition{
+				{Type: corev1.NodeReady, Status: corev1.ConditionFalse, Timeout: metav1.Duration{Duration: 5 * time.Minute}},
+			},
 		},
 	}
 	// A machine may arrive before its Cluster: its skew is checked later.

@@ -155,9 +155,13 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
+	var denied []string
 	for _, line := range strings.Split(string(log), "\n") {
 		if strings.Contains(line, "forbidden") || strings.Contains(line, "cannot ") {
-			t.Errorf("kube-controller-manager was denied: %s", line)
+			denied = append(denied, line)
 		}
+	}
+	if len(denied) > 0 {
+		t.Errorf("kube-controller-manager was denied %d times; the first:\n%s", len(denied), denied[0])
 	}
 }
