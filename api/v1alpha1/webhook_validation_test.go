@@ -3,11 +3,14 @@ package v1alpha1_test
 import (
 	"context"
 	"encoding/json"
+	"io/fs"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -222,6 +225,39 @@ func TestWebhookRulesInGo(t *testing.T) {
 			}
 			t.Fatalf("no error says %q; got %v", tc.want, errs)
 		})
+	}
+}
+
+// TestValidObjectsPassInGo guards against syntax rules that refuse too
+// much: the valid objects the cases start from, and every manifest under
+// examples/, pass internal/validation.
+func TestValidObjectsPassInGo(t *testing.T) {
+	check := func(t *testing.T, u *unstructured.Unstructured) {
+		t.Helper()
+		if errs := validateInGo(t, u.GetKind(), u.Object); len(errs) > 0 {
+			t.Errorf("%s %s: %v", u.GetKind(), u.GetName(), errs)
+		}
+	}
+	for _, base := range []string{validCluster, validMachine, validClassMachine, validClass, validMachineSet, validMachineDeployment, validHealthCheck} {
+		u := decode(t, base)
+		u.SetName("valid")
+		check(t, u)
+	}
+	checked := 0
+	err := filepath.WalkDir(filepath.Join(env.RepoRoot, "examples"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || (!strings.HasSuffix(path, ".yaml") && !strings.HasSuffix(path, ".yml")) {
+			return err
+		}
+		for _, u := range decodeFile(t, path) {
+			if u.GetAPIVersion() == clusterv1.GroupVersion.String() {
+				check(t, u)
+				checked++
+			}
+		}
+		return nil
+	})
+	if err != nil || checked == 0 {
+		t.Fatalf("reading the examples: %v (%d marina objects)", err, checked)
 	}
 }
 
