@@ -72,8 +72,11 @@ func providerSpec(raw *runtime.RawExtension, fldPath *field.Path) field.ErrorLis
 		return nil
 	}
 	err := field.TooLong(fldPath, "", ProviderSpecMaxBytes)
-	err.Detail = fmt.Sprintf("may hold at most %d bytes of JSON, not %d: keep large data (scripts, images, certificates) in a Secret or ConfigMap the provider reads",
-		ProviderSpecMaxBytes, len(raw.Raw))
+	// The size is left out of the message so that the error reads the same
+	// for every oversized value: the webhook tells an update's new errors
+	// from those the stored object already had by their message.
+	err.Detail = fmt.Sprintf("may hold at most %d bytes of JSON: keep large data (scripts, images, certificates) in a Secret or ConfigMap the provider reads",
+		ProviderSpecMaxBytes)
 	return field.ErrorList{err}
 }
 
