@@ -11,8 +11,10 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 )
 
-// Cluster checks a Cluster: its name (a DNS label, because it is used as a
-// label value and in host names), its service networks, its endpoint host,
+// Cluster checks a Cluster: its name (a DNS label: it is the value of the
+// cluster-name label on every machine and prefixes the names of the
+// cluster's Secrets, such as <name>-kubeconfig), its service networks, its
+// endpoint host,
 // its control plane's references and provider configuration, and the flags
 // it adds to the control-plane components.
 func Cluster(c *clusterv1.Cluster) field.ErrorList {
