@@ -104,6 +104,10 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 		Watches(&clusterv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.machinesForClass)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.machinesForKubeconfig),
 			builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		// A machine deleted while it waited for its cluster's kubeconfig
+		// must learn when the Cluster goes: then there is no Node to drain.
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.machinesForCluster),
+			builder.WithPredicates(clusterGoingPredicate)).
 		WatchesRawSource(source.Channel(r.nodeEvents, &handler.TypedEnqueueRequestForObject[*clusterv1.Machine]{})).
 		Complete(r)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/provider"
 )
@@ -547,4 +548,42 @@ func TestNarrowedClassKeepsRunningMachines(t *testing.T) {
 	if !strings.Contains(failed.Status.FailureMessage, "spec.diskSize") {
 		t.Errorf("new machine's failure %q does not name spec.diskSize", failed.Status.FailureMessage)
 	}
+}
+
+// A machine deleted while it waits for its cluster's kubeconfig goes as soon
+// as its Cluster goes (as when a namespace is deleted): with the cluster
+// gone there is no Node to drain, and nothing keeps the finalizer.
+func TestMachineWaitingForItsClusterGoesWithTheCluster(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName(f.cluster), Namespace: f.ns}}
+	if err := mgmt.Client.Delete(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	f.startController(Options{})
+	m := f.create(f.machine("waiting", ""))
+	eventually(t, 30*time.Second, "the machine to wait for its control plane", func() (bool, error) {
+		got, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineProvisionedCondition)
+		return c != nil && c.Reason == clusterv1.MachineWaitingForControlPlaneReason, nil
+	})
+	if err := mgmt.Client.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the deleting machine to wait for the kubeconfig", func() (bool, error) {
+		got, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineNodeReadyCondition)
+		return c != nil && c.Reason == clusterv1.MachineWaitingForControlPlaneReason, nil
+	})
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: f.cluster, Namespace: f.ns}}
+	if err := mgmt.Client.Delete(ctx, cluster); err != nil {
+		t.Fatal(err)
+	}
+	f.waitGone(m, 30*time.Second)
 }

@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
@@ -54,6 +55,21 @@ func (r *Reconciler) machinesForKubeconfig(ctx context.Context, o client.Object)
 		return nil
 	}
 	return r.requestsFor(ctx, client.InNamespace(o.GetNamespace()), client.MatchingFields{clusterNameIndex: cluster})
+}
+
+func (r *Reconciler) machinesForCluster(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.requestsFor(ctx, client.InNamespace(o.GetNamespace()), client.MatchingFields{clusterNameIndex: o.GetName()})
+}
+
+// clusterGoingPredicate passes a Cluster's deletion only: its other changes
+// mean nothing to its machines.
+var clusterGoingPredicate = predicate.Funcs{
+	CreateFunc: func(event.CreateEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
+	},
+	DeleteFunc:  func(event.DeleteEvent) bool { return true },
+	GenericFunc: func(event.GenericEvent) bool { return false },
 }
 
 func (r *Reconciler) requestsFor(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
