@@ -27,11 +27,29 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/class"
 	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/provider/local"
 )
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.Main(m, &env) }
+// The API server calls marina's admission webhook, served from the test with
+// the local provider, as marina up serves it: what the API refuses is what
+// users meet. The provider gets no bin directory, so any control-plane
+// version is one it can run (internal/webhook tests that rule).
+func TestMain(m *testing.M) {
+	root, err := os.MkdirTemp("", "marina-api-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	prov, err := local.New(local.Options{Root: root, AgentCommand: []string{"/bin/false"}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(root)
+	testenv.MainWithWebhook(m, &env, prov)
+}
 
 // Valid objects the cases below start from. Each case changes one thing.
 const (
@@ -42,7 +60,7 @@ spec:
   controlPlane:
     version: v1.37.2
     replicas: 3
-    providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2}}
+    providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}
 `
 	validMachine = `
 apiVersion: cluster.marina.dev/v1alpha1
@@ -52,7 +70,7 @@ spec:
   roles: [ControlPlane]
   versions: {kubelet: v1.37.2, controlPlane: v1.37.2}
   taints: [{key: dedicated, value: infra, effect: NoSchedule}]
-  providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2}}
+  providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}
 `
 	validClassMachine = `
 apiVersion: cluster.marina.dev/v1alpha1
@@ -67,7 +85,7 @@ spec:
 apiVersion: cluster.marina.dev/v1alpha1
 kind: MachineClass
 spec:
-  providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 8, gpus: 1}}
+  providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 8, memory: 32Gi, gpus: 1}}
   allowedOverrides: [spec.diskSize]
   nodeTemplate:
     capacity: {cpu: "8", nvidia.com/gpu: "1"}
@@ -460,11 +478,15 @@ var invalidCases = []invalidCase{
 		want:   "spec.controlPlane.caSecretRef: Invalid value: caSecretRef cannot be added or removed after creation"},
 }
 
-func TestInvalidObjectsAreRefused(t *testing.T) { runInvalidCases(t, invalidCases) }
+// TestInvalidObjectsAreRefused: the schema (OpenAPI and CEL) refuses these,
+// before the webhook is called, so they hold even with marina down.
+func TestInvalidObjectsAreRefused(t *testing.T) { runInvalidCases(t, invalidCases, false) }
 
 // runInvalidCases creates (and updates) each case's object in a namespace of
-// its own, next to the objects the cases refer to, and checks the refusal.
-func runInvalidCases(t *testing.T, cases []invalidCase) {
+// its own, next to the objects the cases refer to, and checks the refusal,
+// and that it came from marina's webhook or from the schema, as byWebhook
+// says.
+func runInvalidCases(t *testing.T, cases []invalidCase, byWebhook bool) {
 	ns := env.Namespace(t)
 	referenced(t, ns)
 	ctx := context.Background()
@@ -490,6 +512,9 @@ func runInvalidCases(t *testing.T, cases []invalidCase) {
 				t.Cleanup(func() { _ = env.Client.Delete(ctx, u) })
 			}
 			assertRefused(t, err, tc.want)
+			if fromWebhook := strings.Contains(err.Error(), "admission webhook"); fromWebhook != byWebhook {
+				t.Errorf("refused by the webhook: %v, want %v: %v", fromWebhook, byWebhook, err)
+			}
 		})
 	}
 }
@@ -558,13 +583,13 @@ func TestValidChangesAreAccepted(t *testing.T) {
 				set(list("10.96.0.0/12", "fd00:10:96::/112"), "spec", "clusterNetwork", "services"),
 			}},
 		{name: "machine upgraded in place and moved to a new kubelet config", base: validMachine,
-			update: []change{set("v1.38.0", "spec", "versions", "controlPlane"), set("v1.38.0", "spec", "versions", "kubelet"),
+			update: []change{set("v1.38.0", "spec", "versions", "controlPlane"), set("v1.37.1", "spec", "versions", "kubelet"),
 				set(obj{"name": "kubelet-config-v2"}, "spec", "kubeletConfigRef"),
-				set(obj{"cpu": int64(4)}, "spec", "providerSpec", "spec")}},
+				set(obj{"cpu": int64(4), "memory": "8Gi"}, "spec", "providerSpec", "spec")}},
 		{name: "class machine gains overrides", base: validClassMachine,
 			update: []change{set(obj{"apiVersion": "local.marina.dev/v1alpha1", "kind": "LocalMachine", "spec": obj{"diskSize": "200Gi"}}, "spec", "providerSpec")}},
 		{name: "deployment template changes roll", base: validMachineDeployment,
-			update: []change{set("v1.37.3", "spec", "template", "spec", "versions", "kubelet"),
+			update: []change{set("v1.37.1", "spec", "template", "spec", "versions", "kubelet"),
 				set(obj{"node.example.com/tier": "gold"}, "spec", "template", "spec", "labels"),
 				set(obj{"maxSurge": "25%", "maxUnavailable": int64(1)}, "spec", "strategy", "rollingUpdate")}},
 		{name: "class gains allowed overrides", base: validClass,
@@ -594,6 +619,7 @@ func TestValidChangesAreAccepted(t *testing.T) {
 
 func TestDefaults(t *testing.T) {
 	ns := env.Namespace(t)
+	referenced(t, ns)
 	ctx := context.Background()
 
 	cl := &clusterv1.Cluster{}
@@ -643,6 +669,7 @@ func TestDefaults(t *testing.T) {
 // resize sets and deployments.
 func TestScaleSubresource(t *testing.T) {
 	ns := env.Namespace(t)
+	referenced(t, ns)
 	ctx := context.Background()
 	ms, md := &clusterv1.MachineSet{}, &clusterv1.MachineDeployment{}
 	decodeInto(t, validMachineSet, ms)
