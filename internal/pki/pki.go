@@ -156,6 +156,9 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
+// ErrKeyMismatch says a private key is not the certificate's.
+var ErrKeyMismatch = errors.New("private key does not match the certificate")
+
 // ParsePEM parses a certificate and private key from PEM.
 func ParsePEM(certPEM, keyPEM []byte) (*KeyPair, error) {
 	block, _ := pem.Decode(certPEM)
@@ -189,7 +192,7 @@ func ParsePEM(certPEM, keyPEM []byte) (*KeyPair, error) {
 		return nil, errors.New("private key cannot sign")
 	}
 	if !publicKeysEqual(cert.PublicKey, signer.Public()) {
-		return nil, errors.New("private key does not match the certificate")
+		return nil, ErrKeyMismatch
 	}
 	return &KeyPair{Cert: cert, Key: signer}, nil
 }
