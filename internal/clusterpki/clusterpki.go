@@ -155,16 +155,7 @@ func ensureSecret(ctx context.Context, c client.Client, cluster *clusterv1.Clust
 	if err != nil {
 		return nil, fmt.Errorf("making the key material of Secret %s: %w", key, err)
 	}
-	secret = &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:       key.Namespace,
-			Name:            key.Name,
-			Labels:          map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
-			OwnerReferences: []metav1.OwnerReference{ownerRef(cluster)},
-		},
-		Type: SecretType,
-		Data: data,
-	}
+	secret = &corev1.Secret{ObjectMeta: ownedMeta(cluster, key.Name), Type: SecretType, Data: data}
 	err = c.Create(ctx, secret)
 	if apierrors.IsAlreadyExists(err) {
 		err = c.Get(ctx, key, secret)
@@ -256,6 +247,13 @@ func newServiceAccountKey() (map[string][]byte, error) {
 	}, nil
 }
 
-func ownerRef(cluster *clusterv1.Cluster) metav1.OwnerReference {
-	return *metav1.NewControllerRef(cluster, clusterv1.GroupVersion.WithKind("Cluster"))
+// ownedMeta names a Secret of the cluster, labelled with its name and owned
+// by it, so that deleting the Cluster deletes the Secret.
+func ownedMeta(cluster *clusterv1.Cluster, name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Namespace:       cluster.Namespace,
+		Name:            name,
+		Labels:          map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cluster, clusterv1.GroupVersion.WithKind("Cluster"))},
+	}
 }

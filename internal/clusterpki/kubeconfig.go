@@ -10,13 +10,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/kubeconfig"
 	"marina.dev/marina/internal/pki"
 	"marina.dev/marina/internal/remote"
 )
@@ -44,13 +43,8 @@ func EnsureAdminKubeconfig(ctx context.Context, c client.Client, cluster *cluste
 			return err
 		}
 		secret = &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Namespace:       key.Namespace,
-				Name:            key.Name,
-				Labels:          map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
-				OwnerReferences: []metav1.OwnerReference{ownerRef(cluster)},
-			},
-			Type: KubeconfigSecretType,
+			ObjectMeta: ownedMeta(cluster, key.Name),
+			Type:       KubeconfigSecretType,
 			Data: map[string][]byte{remote.KubeconfigSecretKey: data},
 		}
 		if err := c.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -103,19 +97,5 @@ func adminKubeconfig(cluster string, ca *pki.KeyPair, server string) ([]byte, er
 	if err != nil {
 		return nil, err
 	}
-	keyPEM, err := client.KeyPEM()
-	if err != nil {
-		return nil, err
-	}
-	user := "marina-admin@" + cluster
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[cluster] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca.CertPEM()}
-	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: client.CertPEM(), ClientKeyData: keyPEM}
-	cfg.Contexts[user] = &clientcmdapi.Context{Cluster: cluster, AuthInfo: user}
-	cfg.CurrentContext = user
-	data, err := clientcmd.Write(*cfg)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the admin kubeconfig of cluster %s: %w", cluster, err)
-	}
-	return data, nil
+	return kubeconfig.Encode(cluster, "marina-admin@"+cluster, server, ca.CertPEM(), client)
 }

@@ -18,10 +18,8 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-
 	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/kubeconfig"
 	"marina.dev/marina/internal/pki"
 )
 
@@ -220,19 +218,9 @@ func (d stateDir) writeKubeconfig(path, server string, ca *pki.KeyPair, certName
 	if err != nil {
 		return d.corrupt("pki/"+certName, err)
 	}
-	keyPEM, err := client.KeyPEM()
+	data, err := kubeconfig.Encode("marina", "marina", server, ca.CertPEM(), client)
 	if err != nil {
 		return err
-	}
-	const name = "marina"
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca.CertPEM()}
-	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{ClientCertificateData: client.CertPEM(), ClientKeyData: keyPEM}
-	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
-	cfg.CurrentContext = name
-	data, err := clientcmd.Write(*cfg)
-	if err != nil {
-		return fmt.Errorf("encoding kubeconfig %s: %w", path, err)
 	}
 	return files.WriteAtomic(path, data, 0o600)
 }
