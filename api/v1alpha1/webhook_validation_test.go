@@ -275,4 +275,3 @@ func validateInGo(t *testing.T, kind string, object map[string]any) field.ErrorL
 	t.Fatalf("no validation for kind %s", kind)
 	return nil
 }
-
