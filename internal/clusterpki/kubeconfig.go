@@ -45,7 +45,7 @@ func EnsureAdminKubeconfig(ctx context.Context, c client.Client, cluster *cluste
 		secret = &corev1.Secret{
 			ObjectMeta: ownedMeta(cluster, key.Name),
 			Type:       KubeconfigSecretType,
-			Data: map[string][]byte{remote.KubeconfigSecretKey: data},
+			Data:       map[string][]byte{remote.KubeconfigSecretKey: data},
 		}
 		if err := c.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating Secret %s: %w", key, err)
