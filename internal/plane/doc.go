@@ -5,6 +5,6 @@
 // directory, so starting it again on the same directory keeps every object.
 //
 // Children never outlive the process that started them: they are started from
-// one OS thread with a parent-death signal, so even a `kill -9` of marina takes
+// one OS thread with a parent-death signal (package process), so even a `kill -9` of marina takes
 // them down, and a graceful stop terminates them in reverse start order.
 package plane

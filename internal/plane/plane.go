@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"marina.dev/marina/internal/process"
 )
 
 // Default loopback ports. They differ from the usual 6443/2379 so that
@@ -50,13 +52,16 @@ type Plane struct {
 	opts     Options
 	state    stateDir
 	lockFile *os.File
-	spawner  *spawner
-	children []*child // in start order
+	spawner  *process.Spawner
+	children []*process.Child // in start order
 	config   *rest.Config
 	failed   chan struct{} // closed when a child exits on its own
 	failure  error
 	stopping chan struct{} // closed when Stop begins: exits after it are expected
 }
+
+// stopGrace is how long a component gets to exit after SIGTERM before SIGKILL.
+const stopGrace = 15 * time.Second
 
 // host is where every component listens.
 const host = "127.0.0.1"
@@ -104,7 +109,7 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 		return nil, fmt.Errorf("loading %s: %w", p.state.AdminKubeconfig(), err)
 	}
 
-	p.spawner = newSpawner()
+	p.spawner = process.NewSpawner()
 	if err := p.startChild("etcd", p.etcdArgs()); err != nil {
 		return nil, err
 	}
@@ -117,7 +122,7 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 	if err := p.startChild("kube-controller-manager", p.controllerManagerArgs()); err != nil {
 		return nil, err
 	}
-	go p.watchChildren(append([]*child(nil), p.children...))
+	go p.watchChildren(append([]*process.Child(nil), p.children...))
 	return p, nil
 }
 
@@ -154,7 +159,7 @@ func (p *Plane) Err() error { return p.failure }
 func (p *Plane) PIDs() map[string]int {
 	pids := map[string]int{}
 	for _, c := range p.children {
-		pids[c.name] = c.cmd.Process.Pid
+		pids[c.Name()] = c.PID()
 	}
 	return pids
 }
@@ -169,13 +174,13 @@ func (p *Plane) Stop() error {
 	}
 	var errs []error
 	for i := len(p.children) - 1; i >= 0; i-- {
-		if err := p.children[i].stop(); err != nil {
+		if err := p.children[i].Stop(stopGrace); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	p.children = nil
 	if p.spawner != nil {
-		p.spawner.close()
+		p.spawner.Close()
 		p.spawner = nil
 	}
 	if p.lockFile != nil {
@@ -223,7 +228,7 @@ func (p *Plane) startChild(name string, args []string) error {
 		version = p.opts.EtcdVersion
 	}
 	fmt.Fprintf(p.opts.Progress, "starting %s %s (log: %s)\n", name, version, p.state.log(name))
-	c, err := p.spawner.startChild(name, p.bin(name, version), args, p.state.log(name))
+	c, err := p.spawner.Start(process.Spec{Name: name, Version: version, Binary: p.bin(name, version), Args: args, LogPath: p.state.log(name)})
 	if err != nil {
 		return err
 	}
@@ -233,10 +238,10 @@ func (p *Plane) startChild(name string, args []string) error {
 
 // watchChildren reports the first component that exits on its own while the
 // plane runs; exits caused by Stop are not failures.
-func (p *Plane) watchChildren(children []*child) {
-	exited := make(chan *child, len(children))
+func (p *Plane) watchChildren(children []*process.Child) {
+	exited := make(chan *process.Child, len(children))
 	for _, c := range children {
-		go func() { <-c.done; exited <- c }()
+		go func() { <-c.Done(); exited <- c }()
 	}
 	select {
 	case c := <-exited:
@@ -245,7 +250,7 @@ func (p *Plane) watchChildren(children []*child) {
 			return
 		default:
 		}
-		p.failure = c.exitError()
+		p.failure = c.ExitError()
 		close(p.failed)
 	case <-p.stopping:
 	}
@@ -263,8 +268,8 @@ func (p *Plane) waitReady(ctx context.Context) error {
 	var lastErr error
 	for {
 		for _, c := range p.children {
-			if c.exited() {
-				return c.exitError()
+			if c.Exited() {
+				return c.ExitError()
 			}
 		}
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
