@@ -1,0 +1,189 @@
+package components
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	"marina.dev/marina/internal/files"
+)
+
+// Directories of a sandbox that the Supervisor uses.
+const (
+	// ManifestsDir holds one Manifest per component, <component>.json.
+	ManifestsDir = "manifests"
+	// LogsDir receives each component's output, <component>.log.
+	LogsDir = "logs"
+	// StatusDir holds one Status per component, <component>.json.
+	StatusDir = "status"
+)
+
+// Manifest is the desired state of one component on one machine.
+type Manifest struct {
+	// Version is the version of the component this manifest runs, e.g.
+	// v1.37.2; reported in Status.Version. It is what was asked, not what
+	// the binary says it is.
+	Version string `json:"version"`
+	// Binary is the absolute path of the program.
+	Binary string `json:"binary"`
+	// Args are the program's arguments. Secrets must not be passed here:
+	// name key and token files by path instead.
+	Args []string `json:"args,omitempty"`
+	// Env is added to the component's minimal environment (PATH, HOME).
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// namePattern is what a component may be called: a DNS label, so that the
+// name is a safe file name and reads well in a Node's status.
+var namePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// ValidName reports whether name can name a component.
+func ValidName(name string) error {
+	if !namePattern.MatchString(name) {
+		return fmt.Errorf("component name %q is not a DNS label (lower-case letters, digits and '-', at most 63)", name)
+	}
+	return nil
+}
+
+// Validate says what is wrong with m, if anything.
+func (m *Manifest) Validate() error {
+	var errs []error
+	if m.Version == "" {
+		errs = append(errs, errors.New("version is empty"))
+	}
+	if !filepath.IsAbs(m.Binary) {
+		errs = append(errs, fmt.Errorf("binary %q is not an absolute path", m.Binary))
+	}
+	for k := range m.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			errs = append(errs, fmt.Errorf("environment variable name %q is invalid", k))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// environ is m.Env as KEY=value entries, sorted so that the same manifest
+// always gives the same environment.
+func (m *Manifest) environ() []string {
+	env := make([]string, 0, len(m.Env))
+	for k, v := range m.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	return env
+}
+
+// ManifestPath is where the manifest of component name lives in sandbox dir.
+func ManifestPath(dir, name string) string {
+	return filepath.Join(dir, ManifestsDir, name+".json")
+}
+
+// LogPath is where the output of component name goes in sandbox dir.
+func LogPath(dir, name string) string { return filepath.Join(dir, LogsDir, name+".log") }
+
+// StatusPath is where the status of component name lives in sandbox dir.
+func StatusPath(dir, name string) string { return filepath.Join(dir, StatusDir, name+".json") }
+
+// WriteManifest writes the manifest of component name into sandbox dir
+// atomically (a running Supervisor sees the old manifest or the new one,
+// never a part), readable by its owner only.
+func WriteManifest(dir, name string, m *Manifest) error {
+	if err := ValidName(name); err != nil {
+		return err
+	}
+	if err := m.Validate(); err != nil {
+		return fmt.Errorf("manifest of %s: %w", name, err)
+	}
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding the manifest of %s: %w", name, err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, ManifestsDir), 0o700); err != nil {
+		return fmt.Errorf("writing the manifest of %s: %w", name, err)
+	}
+	return files.WriteAtomic(ManifestPath(dir, name), append(data, '\n'), 0o600)
+}
+
+// RemoveManifest removes the manifest of component name from sandbox dir:
+// a running Supervisor stops the component. Removing a missing manifest is
+// not an error.
+func RemoveManifest(dir, name string) error {
+	if err := ValidName(name); err != nil {
+		return err
+	}
+	if err := os.Remove(ManifestPath(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing the manifest of %s: %w", name, err)
+	}
+	return files.SyncDir(filepath.Join(dir, ManifestsDir))
+}
+
+// manifestFile is one manifest as read from disk.
+type manifestFile struct {
+	manifest *Manifest
+	key      string // canonical encoding: equal keys, same desired state
+	err      error  // why the file cannot be used
+}
+
+// decodeManifest parses and checks one manifest file. Unknown fields are
+// errors: a misspelt field would otherwise silently run the wrong thing.
+func decodeManifest(data []byte) manifestFile {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var m Manifest
+	if err := dec.Decode(&m); err != nil {
+		return manifestFile{err: fmt.Errorf("decoding: %w", err)}
+	}
+	if dec.More() {
+		return manifestFile{err: errors.New("decoding: data after the manifest")}
+	}
+	if err := m.Validate(); err != nil {
+		return manifestFile{err: err}
+	}
+	key, err := json.Marshal(&m) // map keys sorted: a canonical form
+	if err != nil {
+		return manifestFile{err: err}
+	}
+	return manifestFile{manifest: &m, key: string(key)}
+}
+
+// readManifests reads every <component>.json in dir/manifests. Files with
+// other names (the temporary files of WriteAtomic among them) are not
+// manifests; names that are not valid component names are returned in
+// badNames. A missing directory holds no manifests.
+func readManifests(dir string) (manifests map[string]manifestFile, badNames []string, err error) {
+	entries, err := os.ReadDir(filepath.Join(dir, ManifestsDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return map[string]manifestFile{}, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the manifests directory: %w", err)
+	}
+	manifests = map[string]manifestFile{}
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || strings.HasPrefix(e.Name(), ".") || e.IsDir() {
+			continue
+		}
+		if ValidName(name) != nil {
+			badNames = append(badNames, e.Name())
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, ManifestsDir, e.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed since ReadDir
+		}
+		if err != nil {
+			manifests[name] = manifestFile{err: err}
+			continue
+		}
+		manifests[name] = decodeManifest(data)
+	}
+	return manifests, badNames, nil
+}
