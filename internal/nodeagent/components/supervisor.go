@@ -142,20 +142,20 @@ func (s *Supervisor) Run(ctx context.Context) error {
 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	for {
+	for ctx.Err() == nil {
 		now := time.Now()
 		s.sync(now)
 		s.publish()
 		timer.Reset(s.nextWake(now))
 		select {
 		case <-ctx.Done():
-			s.shutdown()
-			return nil
 		case c := <-s.exits:
 			s.exited(c)
 		case <-timer.C:
 		}
 	}
+	s.shutdown()
+	return nil
 }
 
 // nextWake is how long the loop may sleep: until the next poll, or the
