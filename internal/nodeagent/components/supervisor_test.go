@@ -341,3 +341,25 @@ func TestKilledSupervisorTakesItsComponentsDown(t *testing.T) {
 	waitGone(t, "components ended with their supervisor", procs...)
 	t.Logf("components gone %s after the supervisor was reaped", time.Since(start).Round(time.Millisecond))
 }
+
+func TestComponentIgnoringSIGTERMIsKilledAfterTheGraceOnAChange(t *testing.T) {
+	t.Parallel()
+	h := supervise(t, Options{StopGrace: time.Second})
+	h.write("etcd", stubborn("v3.6.15"))
+	old, oldProc := h.waitRunning("etcd")
+	h.write("etcd", sleeper("v3.6.16", "etcd"))
+	stopping := h.waitFor("etcd", "stopping", func(s *Status) error {
+		if s.State != Stopping {
+			return fmt.Errorf("state %s", s.State)
+		}
+		return nil
+	})
+	if stopping.PID != old.PID || stopping.Version != "v3.6.15" {
+		t.Errorf("while stopping: %+v, want the old process and version", stopping)
+	}
+	st, _ := h.waitRunning("etcd", old.PID)
+	waitGone(t, "the old etcd ended", oldProc)
+	if st.Version != "v3.6.16" || st.LastExit.Signal != "killed" || st.LastExit.RanFor() < time.Second {
+		t.Errorf("after the change: %+v (last exit %+v), want v3.6.16 after the old one was killed past its grace", st, st.LastExit)
+	}
+}
