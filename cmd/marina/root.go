@@ -29,6 +29,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().IntVarP(&verbosity, "v", "v", 0, "log verbosity")
 	root.AddCommand(newUpCommand(), newControllerCommand(), newVersionCommand())
 	root.AddCommand(newNodeAgentCommand())
+	root.AddCommand(newLoadBalancerCommand())
 	return root
 }
 
