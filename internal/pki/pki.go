@@ -92,8 +92,12 @@ func NewCA(commonName string) (*KeyPair, error) {
 	return sign(tmpl, tmpl, key, key)
 }
 
-// Issue signs a new leaf certificate with the CA.
-func (k *KeyPair) Issue(spec CertSpec) (*KeyPair, error) {
+// Issue signs a new leaf certificate with the CA, valid from now.
+func (k *KeyPair) Issue(spec CertSpec) (*KeyPair, error) { return k.IssueAt(spec, time.Now()) }
+
+// IssueAt signs a new leaf certificate with the CA, valid from now (less an
+// hour, for clocks that lag), for callers that take the time as an argument.
+func (k *KeyPair) IssueAt(spec CertSpec, now time.Time) (*KeyPair, error) {
 	if !k.Cert.IsCA {
 		return nil, errors.New("issuing certificate: signer is not a CA")
 	}
@@ -105,7 +109,6 @@ func (k *KeyPair) Issue(spec CertSpec) (*KeyPair, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: spec.CommonName, Organization: spec.Organizations},

@@ -106,3 +106,18 @@ func TestNeedsRenewal(t *testing.T) {
 		t.Error("a certificate an hour from expiry does not need renewal")
 	}
 }
+
+func TestIssueAtTakesValidityFromTheGivenTime(t *testing.T) {
+	ca, _ := NewCA("ca")
+	now := time.Now().Add(48 * time.Hour).Truncate(time.Second)
+	leaf, err := ca.IssueAt(CertSpec{CommonName: "x", Usage: ClientAuth}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := now.Add(-time.Hour); !leaf.Cert.NotBefore.Equal(want) {
+		t.Errorf("NotBefore = %s, want %s", leaf.Cert.NotBefore, want)
+	}
+	if want := now.Add(LeafValidity); !leaf.Cert.NotAfter.Equal(want) {
+		t.Errorf("NotAfter = %s, want %s", leaf.Cert.NotAfter, want)
+	}
+}
