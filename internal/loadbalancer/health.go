@@ -82,9 +82,16 @@ func (b *Balancer) record(be *backend, hc HealthCheck, err error) {
 		b.log.Info("Backend is healthy", "backend", be.addr)
 		return
 	}
+	prev := be.lastErr
 	be.rises, be.lastErr = 0, err.Error()
 	if !be.healthy {
-		b.log.V(1).Info("Backend still unhealthy", "backend", be.addr, "err", be.lastErr)
+		// Once per reason: a backend that never comes up says why, and
+		// its checks every second do not flood the log.
+		log := b.log.V(1)
+		if be.lastErr != prev {
+			log = b.log
+		}
+		log.Info("Backend is not healthy", "backend", be.addr, "err", be.lastErr)
 		return
 	}
 	be.fails++
