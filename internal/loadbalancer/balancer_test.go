@@ -179,6 +179,52 @@ func TestSetBackends(t *testing.T) {
 	}
 }
 
+func TestConnectionsToAnUnhealthyBackendAreDrained(t *testing.T) {
+	p := newTestPKI(t)
+	b0 := newBackend(t, p, "b0", true)
+	drain := 600 * time.Millisecond
+	lb, addr, _ := startBalancer(t, Config{Backends: []string{b0.addr}, HealthCheck: fastCheck(p), Drain: drain})
+	waitHealthy(t, lb, true, b0)
+	kept := dialPersistent(t, p, addr)
+	if name, err := kept.whoami(); err != nil || name != "b0" {
+		t.Fatalf("first request: %q, %v; want b0", name, err)
+	}
+
+	t.Log("b0 fails and recovers within the drain period: its connection stays")
+	b0.ready.Store(false)
+	timeUntil(t, 5*time.Second, func() bool { return !healthy(lb, b0.addr) })
+	out := time.Now()
+	b0.ready.Store(true)
+	timeUntil(t, 5*time.Second, func() bool { return healthy(lb, b0.addr) })
+	if d := time.Since(out); d >= drain {
+		t.Fatalf("b0 took %s to come back, longer than the %s drain period: the test proves nothing", d, drain)
+	}
+	waitFor(t, 5*time.Second, "two drain periods of traffic", func() error {
+		if _, err := kept.whoami(); err != nil {
+			return fmt.Errorf("the connection to b0, back in time, was closed: %w", err)
+		}
+		if since := time.Since(out); since < 2*drain {
+			return fmt.Errorf("only %s since b0 went out", since)
+		}
+		return nil
+	})
+
+	t.Log("b0 fails for good: its connection lasts the drain period, then is closed")
+	b0.ready.Store(false)
+	timeUntil(t, 5*time.Second, func() bool { return !healthy(lb, b0.addr) })
+	out = time.Now()
+	if _, err := kept.whoami(); err != nil {
+		t.Fatalf("the connection to b0 closed at once: %v", err)
+	}
+	waitFor(t, 5*time.Second, "the connection to b0 closed", kept.closed)
+	if d := time.Since(out); d < drain {
+		t.Errorf("the connection closed %s after b0 went out, before the %s drain period", d, drain)
+	}
+	if s := lb.Status()[0]; s.Connections != 0 {
+		t.Errorf("b0 counts %d connections after its drain", s.Connections)
+	}
+}
+
 func TestNoHealthyBackendRefusesPromptly(t *testing.T) {
 	p := newTestPKI(t)
 	b0 := newBackend(t, p, "b0", false)

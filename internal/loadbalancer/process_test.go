@@ -44,6 +44,10 @@ func runHelper(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Started detached, it would outlive a test binary that crashed before
+	// its cleanup: a lifetime bounds it.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
 	ctx = klog.NewContext(ctx, textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(1))))
 	if err := RunDir(ctx, *dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
