@@ -104,6 +104,29 @@ func TestUnhealthyBackendIsTakenOutAndComesBack(t *testing.T) {
 	}
 }
 
+func TestAHungCheckCountsAsAFailure(t *testing.T) {
+	p := newTestPKI(t)
+	b0, b1 := newBackend(t, p, "b0", true), newBackend(t, p, "b1", true)
+	hc := fastCheck(p)
+	hc.Timeout = 200 * time.Millisecond
+	lb, _, _ := startBalancer(t, Config{Backends: []string{b0.addr, b1.addr}, HealthCheck: hc})
+	waitHealthy(t, lb, true, b0, b1)
+
+	b1.hung.Store(true)
+	out := timeUntil(t, 10*time.Second, func() bool { return !healthy(lb, b1.addr) })
+	limit := time.Duration(hc.FailThreshold)*(hc.Interval+hc.Timeout) + time.Second
+	t.Logf("b1, hung, taken out after %s (FailThreshold*(Interval+Timeout) = %s)", out, limit-time.Second)
+	if out > limit {
+		t.Errorf("b1 taken out after %s, want within %s", out, limit)
+	}
+	if s := lb.Status()[1]; !strings.Contains(s.LastError, "deadline exceeded") {
+		t.Errorf("b1's last error = %q, want its timeout", s.LastError)
+	}
+	if !healthy(lb, b0.addr) {
+		t.Error("b0 went out with b1: one hung check held up the other's")
+	}
+}
+
 func TestSetBackends(t *testing.T) {
 	p := newTestPKI(t)
 	b0, b1, b2 := newBackend(t, p, "b0", true), newBackend(t, p, "b1", true), newBackend(t, p, "b2", true)

@@ -81,7 +81,7 @@ func tlsPair(k *pki.KeyPair) (tls.Certificate, error) {
 
 // testBackend is an HTTPS server standing in for a kube-apiserver: /readyz
 // refuses anonymous requests, as an API server without anonymous auth
-// does, and fails while ready is false; /whoami answers its name, or 503
+// does, fails while ready is false and never answers while hung; /whoami answers its name, or 503
 // while sick (an API server that lost etcd).
 type testBackend struct {
 	name   string
@@ -89,6 +89,7 @@ type testBackend struct {
 	addr   string
 	ready  atomic.Bool
 	sick   atomic.Bool
+	hung   atomic.Bool // /readyz never answers
 	hits   atomic.Int64 // /whoami requests served
 	checks atomic.Int64 // /readyz requests answered
 }
@@ -100,6 +101,10 @@ func newBackend(t testing.TB, p *testPKI, name string, ready bool) *testBackend 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		tb.checks.Add(1)
+		if tb.hung.Load() {
+			<-r.Context().Done()
+			return
+		}
 		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
 			return
