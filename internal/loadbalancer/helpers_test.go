@@ -89,7 +89,7 @@ type testBackend struct {
 	addr   string
 	ready  atomic.Bool
 	sick   atomic.Bool
-	hung   atomic.Bool // /readyz never answers
+	hung   atomic.Bool  // /readyz never answers
 	hits   atomic.Int64 // /whoami requests served
 	checks atomic.Int64 // /readyz requests answered
 }
