@@ -61,7 +61,9 @@ type FileConfig struct {
 	Timeout       metav1.Duration `json:"timeout,omitzero"`
 	FailThreshold int             `json:"failThreshold,omitempty"`
 	RiseThreshold int             `json:"riseThreshold,omitempty"`
-	Drain         metav1.Duration `json:"drain,omitzero"`
+	// Drain, like Listen, takes a restart; everything else applies to a
+	// running balancer.
+	Drain metav1.Duration `json:"drain,omitzero"`
 }
 
 func (c *FileConfig) check() error {
