@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -151,6 +152,20 @@ func TestProcess(t *testing.T) {
 		t.Errorf("%s left behind: %v", AddressFile, err)
 	}
 	assertNoKeyInLog(t, dir, p.clientKey)
+	// Nothing else written: no copy of the key, no temporary file.
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	want := []string{CAFile, ClientCertFile, ClientKeyFile, ConfigFile, LockFile, LogFile, PIDFile}
+	slices.Sort(want)
+	if !slices.Equal(names, want) {
+		t.Errorf("the directory holds %v, want %v", names, want)
+	}
 
 	t.Log("killed with SIGKILL by its PID, it leaves nothing either, and starts again")
 	if err := os.Chmod(filepath.Join(dir, ClientKeyFile), 0o600); err != nil {
