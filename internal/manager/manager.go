@@ -13,6 +13,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"marina.dev/marina/internal/controller/machine"
+	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/provider"
 )
@@ -85,6 +86,9 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, opts Options) error
 		ExternalKinds:           opts.ExternalKinds,
 		MaxConcurrentReconciles: 10,
 	}); err != nil {
+		return err
+	}
+	if _, err := machineset.SetupWithManager(mgr, machineset.Options{MaxConcurrentReconciles: 4}); err != nil {
 		return err
 	}
 	return nil
