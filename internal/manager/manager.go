@@ -13,6 +13,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"marina.dev/marina/internal/controller/machine"
+	"marina.dev/marina/internal/controller/machinedeployment"
 	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/provider"
@@ -89,6 +90,9 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, opts Options) error
 		return err
 	}
 	if _, err := machineset.SetupWithManager(mgr, machineset.Options{MaxConcurrentReconciles: 4}); err != nil {
+		return err
+	}
+	if _, err := machinedeployment.SetupWithManager(mgr, machinedeployment.Options{MaxConcurrentReconciles: 4}); err != nil {
 		return err
 	}
 	return nil

@@ -120,6 +120,8 @@ type scope struct {
 	now time.Time
 	// machines the set owns, those being deleted included.
 	machines []*clusterv1.Machine
+	// read is true once machines were listed; before, no status is written.
+	read bool
 	// blocked says why the set may not create or delete machines now, as a
 	// condition reason and message; empty when it may.
 	blockedReason, blockedMessage string
@@ -132,6 +134,9 @@ type scope struct {
 
 // patchStatus computes and writes the status once, and only when it changed.
 func (r *Reconciler) patchStatus(ctx context.Context, before *clusterv1.MachineSet, s *scope) error {
+	if !s.read {
+		return nil // nothing was observed: keep the last status
+	}
 	setStatus(s)
 	if equality.Semantic.DeepEqual(before.Status, s.ms.Status) {
 		return nil

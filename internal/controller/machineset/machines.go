@@ -96,6 +96,7 @@ func (r *Reconciler) readMachines(ctx context.Context, s *scope) error {
 			}
 		}
 	}
+	s.read = true
 	return nil
 }
 

@@ -1,0 +1,170 @@
+package machinedeployment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+)
+
+// Options configure the controller.
+type Options struct {
+	// MaxConcurrentReconciles bounds parallel reconciles (of different
+	// deployments).
+	MaxConcurrentReconciles int
+}
+
+// Reconciler reconciles MachineDeployments.
+type Reconciler struct {
+	client   client.Client
+	recorder recorder.EventRecorder
+	opts     Options
+	now      func() time.Time
+}
+
+// What the MachineDeployment controller may do in the management plane (config/rbac).
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machinedeployments,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machinedeployments/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machinesets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machines;machineclasses;clusters,verbs=get;list;watch
+
+// SetupWithManager builds the controller and its watches.
+func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
+	r := &Reconciler{
+		client:   mgr.GetClient(),
+		recorder: mgr.GetEventRecorder("machinedeployment-controller"),
+		opts:     opts,
+		now:      time.Now,
+	}
+	err := ctrl.NewControllerManagedBy(mgr).
+		For(&clusterv1.MachineDeployment{}).
+		Named("machinedeployment").
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)}).
+		Owns(&clusterv1.MachineSet{}).
+		// The planner counts machines, so their readiness moves the rollout.
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.deploymentForMachine)).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.deploymentsForCluster)).
+		Watches(&clusterv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.deploymentsForClass)).
+		Complete(r)
+	if err != nil {
+		return nil, fmt.Errorf("building machinedeployment controller: %w", err)
+	}
+	return r, nil
+}
+
+// Reconcile moves one deployment's machines towards its template.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+	md := &clusterv1.MachineDeployment{}
+	if err := r.client.Get(ctx, req.NamespacedName, md); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !md.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil // the garbage collector removes its sets
+	}
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("machinedeployment", klog.KObj(md)))
+	before := md.DeepCopy()
+	s := &scope{md: md, now: r.now()}
+	defer func() {
+		if err := r.patchStatus(ctx, before, s); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+
+	if err := r.checkBlocked(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.readSets(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	if s.blockedReason != "" {
+		return ctrl.Result{}, nil
+	}
+	if done, err := r.rollback(ctx, s); done || err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.syncSets(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.cleanupHistory(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.syncMetadata(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: s.requeueAfter}, nil
+}
+
+// patchStatus computes and writes the status once, and only when it changed.
+func (r *Reconciler) patchStatus(ctx context.Context, before *clusterv1.MachineDeployment, s *scope) error {
+	if s.machines == nil {
+		return nil // nothing was observed: keep the last status
+	}
+	setStatus(s)
+	if equality.Semantic.DeepEqual(before.Status, s.md.Status) {
+		return nil
+	}
+	if err := r.client.Status().Patch(ctx, s.md, client.MergeFrom(before)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("writing status of machinedeployment %s: %w", klog.KObj(s.md), err)
+	}
+	return nil
+}
+
+// deploymentForMachine maps a machine to the deployment owning its set.
+func (r *Reconciler) deploymentForMachine(ctx context.Context, o client.Object) []reconcile.Request {
+	ref := metav1.GetControllerOf(o)
+	if ref == nil || ref.Kind != "MachineSet" {
+		return nil
+	}
+	ms := &clusterv1.MachineSet{}
+	if err := r.client.Get(ctx, types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}, ms); err != nil {
+		return nil
+	}
+	mdRef := metav1.GetControllerOf(ms)
+	if mdRef == nil || mdRef.Kind != "MachineDeployment" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: mdRef.Name}}}
+}
+
+func (r *Reconciler) deploymentsForCluster(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.deploymentsWhere(ctx, o.GetNamespace(), func(md *clusterv1.MachineDeployment) bool { return md.Spec.ClusterName == o.GetName() })
+}
+
+func (r *Reconciler) deploymentsForClass(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.deploymentsWhere(ctx, "", func(md *clusterv1.MachineDeployment) bool {
+		ref := md.Spec.Template.Spec.ClassRef
+		return ref != nil && ref.Name == o.GetName()
+	})
+}
+
+func (r *Reconciler) deploymentsWhere(ctx context.Context, ns string, pred func(*clusterv1.MachineDeployment) bool) []reconcile.Request {
+	list := &clusterv1.MachineDeploymentList{}
+	if err := r.client.List(ctx, list, client.InNamespace(ns)); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing machinedeployments to enqueue")
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		if pred(&list.Items[i]) {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return out
+}
