@@ -79,6 +79,16 @@ func TestMachineRunsJoinsAndDrainsOnDelete(t *testing.T) {
 	if !hasTaint(node, "dedicated", "batch", corev1.TaintEffectNoSchedule) {
 		t.Errorf("node taints %v lack dedicated=batch:NoSchedule", node.Spec.Taints)
 	}
+	// cluster-autoscaler maps Nodes to Machines by these (docs/autoscaling.md).
+	for k, v := range map[string]string{
+		clusterv1.NodeMachineAnnotation:          f.ns + "/" + m.Name,
+		clusterv1.NodeClusterNameAnnotation:      f.cluster,
+		clusterv1.NodeClusterNamespaceAnnotation: f.ns,
+	} {
+		if node.Annotations[k] != v {
+			t.Errorf("node annotation %s = %q, want %q", k, node.Annotations[k], v)
+		}
+	}
 
 	// Two pods on the node; a PodDisruptionBudget protects one of them.
 	podNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}
