@@ -428,7 +428,7 @@ func mustGet(t *testing.T, f *fixture, m *clusterv1.Machine) *clusterv1.Machine 
 // reporting controller leaves kinds owned elsewhere alone.
 func TestTwoProvidersEachActOnlyOnTheirKind(t *testing.T) {
 	f := newFixture(t)
-	other, err := newProvider(filepath.Join(tmpDir, "machines-other-"+f.ns))
+	other, err := newProvider(filepath.Join(suite.TmpDir, "machines-other-"+f.ns))
 	if err != nil {
 		t.Fatal(err)
 	}
