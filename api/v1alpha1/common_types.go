@@ -54,7 +54,8 @@ const (
 	RollbackToRevisionAnnotation = GroupName + "/rollback-to-revision"
 
 	// NodeMachineAnnotation is put on each Node a marina Machine owns, with
-	// the machine's "namespace/name"; autoscalers map Nodes to Machines by it.
+	// the machine's name (its namespace is in NodeClusterNamespaceAnnotation);
+	// cluster-autoscaler maps Nodes to Machines by the two.
 	NodeMachineAnnotation = GroupName + "/machine"
 
 	// NodeClusterNameAnnotation is put on each Node a marina Machine owns,

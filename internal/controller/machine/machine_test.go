@@ -81,7 +81,7 @@ func TestMachineRunsJoinsAndDrainsOnDelete(t *testing.T) {
 	}
 	// cluster-autoscaler maps Nodes to Machines by these (docs/autoscaling.md).
 	for k, v := range map[string]string{
-		clusterv1.NodeMachineAnnotation:          f.ns + "/" + m.Name,
+		clusterv1.NodeMachineAnnotation:          m.Name,
 		clusterv1.NodeClusterNameAnnotation:      f.cluster,
 		clusterv1.NodeClusterNamespaceAnnotation: f.ns,
 	} {

@@ -90,7 +90,7 @@ func missingMetadata(node *corev1.Node, labels map[string]string, taints []corev
 // cluster-autoscaler's clusterapi provider reads them (docs/autoscaling.md).
 func nodeAnnotations(m *clusterv1.Machine) map[string]string {
 	return map[string]string{
-		clusterv1.NodeMachineAnnotation:          m.Namespace + "/" + m.Name,
+		clusterv1.NodeMachineAnnotation:          m.Name,
 		clusterv1.NodeClusterNameAnnotation:      m.Spec.ClusterName,
 		clusterv1.NodeClusterNamespaceAnnotation: m.Namespace,
 	}
