@@ -67,7 +67,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 }
 
 // Reconcile moves one deployment's machines towards its template.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	md := &clusterv1.MachineDeployment{}
 	if err := r.client.Get(ctx, req.NamespacedName, md); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -81,6 +81,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	defer func() {
 		if err := r.patchStatus(ctx, before, s); err != nil {
 			retErr = errors.Join(retErr, err)
+		}
+		// The status says when to look again (minReadySeconds, the
+		// progress deadline); errors retry with backoff instead.
+		if retErr == nil && s.requeueAfter > 0 {
+			res.RequeueAfter = s.requeueAfter
 		}
 	}()
 
@@ -105,7 +110,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err := r.syncMetadata(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: s.requeueAfter}, nil
+	return ctrl.Result{}, nil
 }
 
 // patchStatus computes and writes the status once, and only when it changed.

@@ -74,7 +74,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 }
 
 // Reconcile makes one set's machines match its spec.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	ms := &clusterv1.MachineSet{}
 	if err := r.client.Get(ctx, req.NamespacedName, ms); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -94,6 +94,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		if err := r.patchStatus(ctx, before, s); err != nil {
 			retErr = errors.Join(retErr, err)
 		}
+		// The status says when to look again (minReadySeconds, the
+		// progress deadline); errors retry with backoff instead.
+		if retErr == nil && s.nextAvailable > 0 {
+			res.RequeueAfter = s.nextAvailable
+		}
 	}()
 
 	if err := r.checkBlocked(ctx, s); err != nil {
@@ -106,12 +111,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return ctrl.Result{}, err
 	}
 	if s.blockedReason != "" {
-		return ctrl.Result{RequeueAfter: s.nextAvailable}, nil
+		return ctrl.Result{}, nil
 	}
 	if err := r.syncReplicas(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: s.nextAvailable}, nil
+	return ctrl.Result{}, nil
 }
 
 // scope is what one pass learns about a set.

@@ -1,0 +1,217 @@
+package machinedeployment
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/testenv"
+)
+
+const rollTimeout = 3 * time.Minute
+
+// fleetWatcher follows every change of the namespace's machines through a
+// watch and records, at each one, how many exist and how many are Ready
+// (and not being deleted).
+type fleetWatcher struct {
+	mu                 sync.Mutex
+	machines           map[string]*clusterv1.Machine
+	minReady, maxTotal int
+	events             int
+	err                error
+	stop               context.CancelFunc
+	done               chan struct{}
+}
+
+func watchFleet(t *testing.T, ns string) *fleetWatcher {
+	t.Helper()
+	wc, err := client.NewWithWatch(mgmt.Config, client.Options{Scheme: mgmt.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := &clusterv1.MachineList{}
+	if err := wc.List(context.Background(), list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := wc.Watch(ctx, &clusterv1.MachineList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	fw := &fleetWatcher{machines: map[string]*clusterv1.Machine{}, minReady: 1 << 30, stop: cancel, done: make(chan struct{})}
+	for i := range list.Items {
+		fw.machines[list.Items[i].Name] = &list.Items[i]
+	}
+	fw.record()
+	go func() {
+		defer close(fw.done)
+		defer w.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					fw.mu.Lock()
+					fw.err = fmt.Errorf("the watch ended early")
+					fw.mu.Unlock()
+					return
+				}
+				m, isMachine := ev.Object.(*clusterv1.Machine)
+				if !isMachine {
+					continue
+				}
+				fw.mu.Lock()
+				if ev.Type == watch.Deleted {
+					delete(fw.machines, m.Name)
+				} else {
+					fw.machines[m.Name] = m
+				}
+				fw.mu.Unlock()
+				fw.record()
+			}
+		}
+	}()
+	t.Cleanup(fw.close)
+	return fw
+}
+
+func (fw *fleetWatcher) record() {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	ready := 0
+	for _, m := range fw.machines {
+		if m.DeletionTimestamp.IsZero() && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.ReadyCondition) {
+			ready++
+		}
+	}
+	fw.events++
+	fw.minReady = min(fw.minReady, ready)
+	fw.maxTotal = max(fw.maxTotal, len(fw.machines))
+}
+
+func (fw *fleetWatcher) close() {
+	fw.stop()
+	<-fw.done
+}
+
+// result returns what the watcher saw since the last reset, and resets.
+func (fw *fleetWatcher) result() (minReady, maxTotal, events int, err error) {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	minReady, maxTotal, events, err = fw.minReady, fw.maxTotal, fw.events, fw.err
+	fw.minReady, fw.maxTotal, fw.events = 1<<30, 0, 0
+	return minReady, maxTotal, events, err
+}
+
+// A 10-machine deployment rolls to a new template with maxSurge 2 and
+// maxUnavailable 0: a watcher sees the Ready machines never drop below 10
+// and the machines never exceed 12. Annotating rollback-to-revision=0 then
+// restores the previous template under the same bounds, on the previous
+// revision's MachineSet, now revision 3.
+func TestRollingUpdateKeepsCapacityThenRollsBack(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f)
+	md := newDeployment(f, "workers", 10, 2, 0)
+	create(t, md)
+	md = waitSettled(t, md, 10, "v1", rollTimeout)
+	if c := condition(md.Status.Conditions, clusterv1.ReadyCondition); !strings.HasPrefix(c, "True") {
+		t.Errorf("settled deployment not Ready: %s", c)
+	}
+	first := setsOf(t, md)
+	if len(first) != 1 || first[0].Annotations[clusterv1.RevisionAnnotation] != "1" || first[0].Labels[clusterv1.MachineDeploymentNameLabel] != md.Name {
+		t.Fatalf("first revision's sets: %+v", first)
+	}
+
+	// Changing only the deployment's own labels and annotations rolls nothing.
+	update(t, md, func(md *clusterv1.MachineDeployment) {
+		md.Labels = map[string]string{"team": "blue"}
+		md.Annotations["note"] = "hello"
+	})
+	fw := watchFleet(t, f.NS)
+	update(t, md, func(md *clusterv1.MachineDeployment) { md.Spec.Template.Spec.Labels["tier"] = "v2" })
+	waitSettled(t, md, 10, "v2", rollTimeout)
+	minReady, maxTotal, events, err := fw.result()
+	t.Logf("rollout: %d machine changes seen, Ready never below %d, at most %d machines", events, minReady, maxTotal)
+	if err != nil || minReady < 10 || maxTotal > 12 {
+		t.Errorf("rollout broke its bounds: Ready fell to %d (want >= 10), %d machines (want <= 12), watch error %v", minReady, maxTotal, err)
+	}
+	sets := setsOf(t, md)
+	if len(sets) != 2 {
+		t.Fatalf("%d sets after one rollout, want 2 (revisionHistoryLimit 1)", len(sets))
+	}
+
+	update(t, md, func(md *clusterv1.MachineDeployment) { md.Annotations[clusterv1.RollbackToRevisionAnnotation] = "0" })
+	md = waitSettled(t, md, 10, "v1", rollTimeout)
+	minReady, maxTotal, _, err = fw.result()
+	if err != nil || minReady < 10 || maxTotal > 12 {
+		t.Errorf("rollback broke its bounds: Ready fell to %d, %d machines, watch error %v", minReady, maxTotal, err)
+	}
+	if _, ok := md.Annotations[clusterv1.RollbackToRevisionAnnotation]; ok || md.Annotations[clusterv1.RevisionAnnotation] != "3" {
+		t.Errorf("after rollback: annotations %v, want revision 3 and no rollback annotation", md.Annotations)
+	}
+	for _, ms := range setsOf(t, md) {
+		if ms.UID == first[0].UID && ms.Annotations[clusterv1.RevisionAnnotation] != "3" {
+			t.Errorf("the first set came back as revision %s, want 3", ms.Annotations[clusterv1.RevisionAnnotation])
+		}
+	}
+	if c := condition(md.Status.Conditions, clusterv1.ProgressingCondition); !strings.HasPrefix(c, "True/"+clusterv1.NewMachineSetAvailableReason) {
+		t.Errorf("Progressing %s", c)
+	}
+}
+
+// New machines that never become Ready stall the rollout: old capacity
+// stays, and after progressDeadlineSeconds the Progressing condition turns
+// False saying what to do. A rollback to a revision that does not exist is
+// reported; rolling back to the previous one recovers.
+func TestStalledRolloutIsReportedAndRolledBack(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f)
+	md := newDeployment(f, "stall", 1, 1, 0)
+	md.Spec.ProgressDeadlineSeconds = ptrTo[int32](2)
+	create(t, md)
+	waitSettled(t, md, 1, "v1", rollTimeout)
+
+	// A class that does not exist: the new machine never becomes Ready.
+	update(t, md, func(md *clusterv1.MachineDeployment) {
+		md.Spec.Template.Spec.ProviderSpec = nil
+		md.Spec.Template.Spec.ClassRef = &clusterv1.MachineClassReference{Name: "no-such-class-" + f.NS}
+	})
+	testenv.Eventually(t, time.Minute, "Progressing to turn False on the deadline", func() error {
+		got := get(t, md.DeepCopy())
+		if c := condition(got.Status.Conditions, clusterv1.ProgressingCondition); !strings.HasPrefix(c, "False/"+clusterv1.ProgressDeadlineExceededReason) {
+			return fmt.Errorf("Progressing %s", c)
+		}
+		return nil
+	})
+	got := get(t, md.DeepCopy())
+	if got.Status.ReadyReplicas != 1 || got.Status.Replicas != 2 {
+		t.Errorf("stalled rollout: %d machines, %d Ready; want the old one Ready and one new", got.Status.Replicas, got.Status.ReadyReplicas)
+	}
+
+	update(t, md, func(md *clusterv1.MachineDeployment) { md.Annotations[clusterv1.RollbackToRevisionAnnotation] = "7" })
+	testenv.Eventually(t, 30*time.Second, "an unknown revision to be reported", func() error {
+		c := condition(get(t, md.DeepCopy()).Status.Conditions, clusterv1.ProgressingCondition)
+		if !strings.HasPrefix(c, "False/"+clusterv1.RollbackFailedReason) || !strings.Contains(c, "revision 7") {
+			return fmt.Errorf("Progressing %s", c)
+		}
+		return nil
+	})
+	update(t, md, func(md *clusterv1.MachineDeployment) { md.Annotations[clusterv1.RollbackToRevisionAnnotation] = "0" })
+	got = waitSettled(t, md, 1, "v1", rollTimeout)
+	if c := condition(got.Status.Conditions, clusterv1.ProgressingCondition); !strings.HasPrefix(c, "True/"+clusterv1.NewMachineSetAvailableReason) {
+		t.Errorf("after rollback, Progressing %s", c)
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
