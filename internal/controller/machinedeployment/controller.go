@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/machineset"
 )
 
 // Options configure the controller.
@@ -26,6 +27,15 @@ type Options struct {
 	// MaxConcurrentReconciles bounds parallel reconciles (of different
 	// deployments).
 	MaxConcurrentReconciles int
+	// StatusInterval spaces out status writes that only move counts (see
+	// machineset.Throttle); 0 means one second, negative writes every change
+	// at once.
+	StatusInterval time.Duration
+	// ScaleInterval is the least time between two scaling steps of one
+	// deployment while its template is unchanged: machines that become ready
+	// or go within it are acted on together. 0 means one second, negative
+	// acts on every change at once.
+	ScaleInterval time.Duration
 }
 
 // Reconciler reconciles MachineDeployments.
@@ -34,6 +44,10 @@ type Reconciler struct {
 	recorder recorder.EventRecorder
 	opts     Options
 	now      func() time.Time
+	// statusThrottle spaces out status writes that only move counts;
+	// scaleThrottle spaces out scaling steps, so that a rollout of many
+	// machines moves in batches rather than one machine per write.
+	statusThrottle, scaleThrottle *machineset.Throttle
 }
 
 // What the MachineDeployment controller may do in the management plane (config/rbac).
@@ -45,10 +59,12 @@ type Reconciler struct {
 // SetupWithManager builds the controller and its watches.
 func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 	r := &Reconciler{
-		client:   mgr.GetClient(),
-		recorder: mgr.GetEventRecorder("machinedeployment-controller"),
-		opts:     opts,
-		now:      time.Now,
+		client:         mgr.GetClient(),
+		recorder:       mgr.GetEventRecorder("machinedeployment-controller"),
+		opts:           opts,
+		now:            time.Now,
+		statusThrottle: machineset.NewThrottle(opts.StatusInterval),
+		scaleThrottle:  machineset.NewThrottle(opts.ScaleInterval),
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&clusterv1.MachineDeployment{}).
@@ -101,8 +117,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if done, err := r.rollback(ctx, s); done || err != nil {
 		return ctrl.Result{}, err
 	}
+	// A changed spec is acted on at once; further steps of the same rollout
+	// wait for the scale interval.
+	if wait := r.scaleThrottle.Wait(md.UID, s.now); wait > 0 && md.Status.ObservedGeneration == md.Generation {
+		s.requeueIn(wait)
+		return ctrl.Result{}, nil
+	}
 	if err := r.syncSets(ctx, s); err != nil {
 		return ctrl.Result{}, err
+	}
+	if s.acted {
+		r.scaleThrottle.Wrote(md.UID, s.now)
 	}
 	if err := r.cleanupHistory(ctx, s); err != nil {
 		return ctrl.Result{}, err
@@ -122,12 +147,19 @@ func (r *Reconciler) patchStatus(ctx context.Context, before *clusterv1.MachineD
 	if equality.Semantic.DeepEqual(before.Status, s.md.Status) {
 		return nil
 	}
+	if before.Status.ObservedGeneration == s.md.Status.ObservedGeneration {
+		if wait := r.statusThrottle.Wait(s.md.UID, s.now); wait > 0 {
+			s.requeueIn(wait)
+			return nil
+		}
+	}
 	if err := r.client.Status().Patch(ctx, s.md, client.MergeFrom(before)); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("writing status of machinedeployment %s: %w", klog.KObj(s.md), err)
 	}
+	r.statusThrottle.Wrote(s.md.UID, s.now)
 	return nil
 }
 

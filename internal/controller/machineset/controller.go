@@ -24,6 +24,10 @@ import (
 type Options struct {
 	// MaxConcurrentReconciles bounds parallel reconciles (of different sets).
 	MaxConcurrentReconciles int
+	// StatusInterval spaces out status writes that only move counts (see
+	// Throttle); 0 means one second, a negative value writes every change
+	// at once.
+	StatusInterval time.Duration
 	// crashAt, in tests only, aborts a reconcile at a named step, as if the
 	// process had been killed there.
 	crashAt func(step string) bool
@@ -37,6 +41,8 @@ type Reconciler struct {
 	recorder recorder.EventRecorder
 	opts     Options
 	now      func() time.Time
+	// statusThrottle spaces out status writes that only move counts.
+	statusThrottle *Throttle
 }
 
 // errCrash is what a test crash hook returns.
@@ -51,11 +57,12 @@ var errCrash = errors.New("simulated crash")
 // SetupWithManager builds the controller and its watches.
 func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 	r := &Reconciler{
-		client:   mgr.GetClient(),
-		live:     mgr.GetAPIReader(),
-		recorder: mgr.GetEventRecorder("machineset-controller"),
-		opts:     opts,
-		now:      time.Now,
+		client:         mgr.GetClient(),
+		live:           mgr.GetAPIReader(),
+		recorder:       mgr.GetEventRecorder("machineset-controller"),
+		opts:           opts,
+		now:            time.Now,
+		statusThrottle: NewThrottle(opts.StatusInterval),
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&clusterv1.MachineSet{}).
@@ -96,8 +103,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 		// The status says when to look again (minReadySeconds, the
 		// progress deadline); errors retry with backoff instead.
-		if retErr == nil && s.nextAvailable > 0 {
-			res.RequeueAfter = s.nextAvailable
+		if retErr == nil && s.requeueAfter > 0 {
+			res.RequeueAfter = s.requeueAfter
 		}
 	}()
 
@@ -132,9 +139,15 @@ type scope struct {
 	blockedReason, blockedMessage string
 	// createErr is the last machine creation's error, for the conditions.
 	createErr error
-	// nextAvailable is when the next Ready machine becomes available
-	// (minReadySeconds); 0 when none waits.
-	nextAvailable time.Duration
+	// requeueAfter is when to look again: the next Ready machine becoming
+	// available (minReadySeconds), or a status write held back; 0 for never.
+	requeueAfter time.Duration
+}
+
+func (s *scope) requeueIn(d time.Duration) {
+	if d > 0 && (s.requeueAfter == 0 || d < s.requeueAfter) {
+		s.requeueAfter = d
+	}
 }
 
 // patchStatus computes and writes the status once, and only when it changed.
@@ -146,12 +159,23 @@ func (r *Reconciler) patchStatus(ctx context.Context, before *clusterv1.MachineS
 	if equality.Semantic.DeepEqual(before.Status, s.ms.Status) {
 		return nil
 	}
+	// Only the first status is written at once: a set's status is for
+	// people and autoscalers, and a deployment scaling its set in steps
+	// would otherwise cost a status write per step (each is a new
+	// generation).
+	if before.Status.ObservedGeneration != 0 {
+		if wait := r.statusThrottle.Wait(s.ms.UID, s.now); wait > 0 {
+			s.requeueIn(wait)
+			return nil
+		}
+	}
 	if err := r.client.Status().Patch(ctx, s.ms, client.MergeFrom(before)); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("writing status of machineset %s: %w", klog.KObj(s.ms), err)
 	}
+	r.statusThrottle.Wrote(s.ms.UID, s.now)
 	return nil
 }
 

@@ -63,7 +63,7 @@ func setStatus(s *scope) {
 	ms.Status.ObservedGeneration = ms.Generation
 	if c.NextAvailable > 0 {
 		// Requeue a little after, so the machine is available by then.
-		s.nextAvailable = c.NextAvailable + 100*time.Millisecond
+		s.requeueIn(c.NextAvailable + 100*time.Millisecond)
 	}
 	active := c.Replicas - c.Deleting
 
