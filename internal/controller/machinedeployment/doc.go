@@ -18,6 +18,11 @@
 // statuses, so a set that has not yet acted on its last scale is never
 // scaled twice.
 //
+// With the OnDelete strategy, the old sets carry
+// cluster.marina.dev/scale-down-only: they never create a machine, so a
+// machine someone deletes is replaced by the current set from the current
+// template, however fast its deletion completes.
+//
 // # Revisions and rollback
 //
 // Sets carry cluster.marina.dev/revision (1, 2, 3, ...), the deployment the

@@ -215,3 +215,41 @@ func TestStalledRolloutIsReportedAndRolledBack(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// With the OnDelete strategy a template change replaces nothing by itself;
+// a machine someone deletes comes back from the new template.
+func TestOnDeleteReplacesOnlyDeletedMachines(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f)
+	md := newDeployment(f, "ondelete", 2, 1, 0)
+	md.Spec.Strategy = &clusterv1.MachineDeploymentStrategy{Type: clusterv1.OnDeleteStrategy}
+	create(t, md)
+	waitSettled(t, md, 2, "v1", rollTimeout)
+	update(t, md, func(md *clusterv1.MachineDeployment) { md.Spec.Template.Spec.Labels["tier"] = "v2" })
+	testenv.Eventually(t, 30*time.Second, "the new revision's set to exist, empty", func() error {
+		got := get(t, md.DeepCopy())
+		if got.Status.ObservedGeneration != got.Generation || len(setsOf(t, md)) != 2 {
+			return fmt.Errorf("observedGeneration %d of %d, %d sets", got.Status.ObservedGeneration, got.Generation, len(setsOf(t, md)))
+		}
+		return nil
+	})
+	machines := machinesIn(t, f.NS)
+	if len(machines) != 2 || machines[0].Spec.Labels["tier"] != "v1" || machines[1].Spec.Labels["tier"] != "v1" {
+		t.Fatalf("OnDelete replaced machines on its own: %d machines", len(machines))
+	}
+	if err := mgmt.Client.Delete(context.Background(), &machines[0]); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, rollTimeout, "the deleted machine to come back from the new template", func() error {
+		tiers := map[string]int{}
+		for _, m := range machinesIn(t, f.NS) {
+			if m.DeletionTimestamp.IsZero() && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.ReadyCondition) {
+				tiers[m.Spec.Labels["tier"]]++
+			}
+		}
+		if tiers["v1"] != 1 || tiers["v2"] != 1 || len(machinesIn(t, f.NS)) != 2 {
+			return fmt.Errorf("Ready machines by tier %v", tiers)
+		}
+		return nil
+	})
+}

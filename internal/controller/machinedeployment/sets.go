@@ -180,7 +180,7 @@ func (r *Reconciler) syncSets(ctx context.Context, s *scope) error {
 	}
 	if s.newSet == nil {
 		ms, err := r.createSet(ctx, s, plan.NewReplicas, maxRevision+1)
-		if err != nil {
+		if err != nil || ms == nil {
 			return err
 		}
 		s.newSet = ms
@@ -192,7 +192,7 @@ func (r *Reconciler) syncSets(ctx context.Context, s *scope) error {
 			// A template that came back (a rollback) is the newest revision.
 			rev = maxRevision + 1
 		}
-		if err := r.updateSet(ctx, s, s.newSet, plan.NewReplicas, rev); err != nil {
+		if err := r.updateSet(ctx, s, s.newSet, plan.NewReplicas, rev, false); err != nil {
 			return err
 		}
 	}
@@ -204,7 +204,8 @@ func (r *Reconciler) syncSets(ctx context.Context, s *scope) error {
 		if v, ok := plan.Old[ms.Name]; ok {
 			replicas = v
 		}
-		if err := r.updateSet(ctx, s, ms, replicas, revision(ms)); err != nil {
+		onDelete := md.Spec.Strategy != nil && md.Spec.Strategy.Type == clusterv1.OnDeleteStrategy
+		if err := r.updateSet(ctx, s, ms, replicas, revision(ms), onDelete); err != nil {
 			return err
 		}
 	}
@@ -267,9 +268,11 @@ func (r *Reconciler) createSet(ctx context.Context, s *scope, replicas int32, re
 	}
 	if err := r.client.Create(ctx, ms); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			// Made by an earlier pass this cache has not seen yet; the next
-			// pass, triggered by its event, scales it.
-			return nil, fmt.Errorf("machineset %s exists but is not in the cache yet (retrying): %w", ms.Name, err)
+			// Made by an earlier pass (perhaps of a process since killed)
+			// that this cache has not seen yet: the set's own event brings
+			// the deployment back to scale it. Never a second set.
+			ctrl.LoggerFrom(ctx).V(1).Info("Machineset exists but is not in the cache yet", "machineset", klog.KObj(ms))
+			return nil, nil
 		}
 		return nil, fmt.Errorf("creating machineset for revision %d of machinedeployment %s: %w", rev, klog.KObj(md), err)
 	}
@@ -278,22 +281,27 @@ func (r *Reconciler) createSet(ctx context.Context, s *scope, replicas int32, re
 }
 
 // updateSet writes what the deployment decides about one of its sets:
-// replicas, revision, and the settings it passes on. Nothing when nothing
-// changed.
-func (r *Reconciler) updateSet(ctx context.Context, s *scope, ms *clusterv1.MachineSet, replicas int32, rev int64) error {
+// replicas, revision, whether it may only shrink (an old set of an OnDelete
+// deployment), and the settings it passes on. Nothing when nothing changed.
+func (r *Reconciler) updateSet(ctx context.Context, s *scope, ms *clusterv1.MachineSet, replicas int32, rev int64, scaleDownOnly bool) error {
 	md := s.md
 	before := ms.DeepCopy()
 	ms.Spec.Replicas = &replicas
 	ms.Spec.MinReadySeconds = md.Spec.MinReadySeconds
 	ms.Spec.DeletePolicy = md.Spec.DeletePolicy
+	if ms.Annotations == nil {
+		ms.Annotations = map[string]string{}
+	}
 	if rev != revision(ms) {
-		if ms.Annotations == nil {
-			ms.Annotations = map[string]string{}
-		}
 		ms.Annotations[clusterv1.RevisionAnnotation] = strconv.FormatInt(rev, 10)
 	}
+	if scaleDownOnly {
+		ms.Annotations[machineset.ScaleDownOnlyAnnotation] = "true"
+	} else {
+		delete(ms.Annotations, machineset.ScaleDownOnlyAnnotation)
+	}
 	if ptrOr(before.Spec.Replicas, 1) == replicas && before.Spec.MinReadySeconds == ms.Spec.MinReadySeconds &&
-		before.Spec.DeletePolicy == ms.Spec.DeletePolicy && revision(before) == rev {
+		before.Spec.DeletePolicy == ms.Spec.DeletePolicy && maps.Equal(before.Annotations, ms.Annotations) {
 		return nil
 	}
 	if err := r.client.Patch(ctx, ms, client.MergeFrom(before)); err != nil {

@@ -19,6 +19,14 @@ import (
 	"marina.dev/marina/internal/autoscaling"
 )
 
+// ScaleDownOnlyAnnotation on a MachineSet stops it from creating machines:
+// it only removes them when it shrinks. The MachineDeployment controller puts
+// it on the old sets of an OnDelete deployment, so that a machine a user
+// deletes is replaced from the current template by the current set, and
+// never, in a race with the deployment lowering the old set's replicas,
+// from the old template. Set by the controller; do not edit.
+const ScaleDownOnlyAnnotation = clusterv1.GroupName + "/scale-down-only"
+
 // matches reports whether machine m belongs to set ms by its labels and
 // cluster.
 func matches(ms *clusterv1.MachineSet, m *clusterv1.Machine) bool {
@@ -180,7 +188,11 @@ func (r *Reconciler) syncReplicas(ctx context.Context, s *scope) error {
 			active = append(active, m)
 		}
 	}
+	_, scaleDownOnly := ms.Annotations[ScaleDownOnlyAnnotation]
 	switch {
+	case len(s.machines) < want && scaleDownOnly:
+		// An old revision of an OnDelete deployment: a machine someone
+		// deleted is replaced by the deployment's current set, never here.
 	case len(s.machines) < want:
 		for range want - len(s.machines) {
 			m, err := r.createMachine(ctx, ms)
