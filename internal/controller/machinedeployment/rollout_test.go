@@ -133,11 +133,32 @@ func TestRollingUpdateKeepsCapacityThenRollsBack(t *testing.T) {
 		t.Fatalf("first revision's sets: %+v", first)
 	}
 
-	// Changing only the deployment's own labels and annotations rolls nothing.
+	// Changing only the deployment's own labels and annotations rolls
+	// nothing. (The size annotations make the controller's pass visible:
+	// they get a NodeGroupSizeValid condition.)
+	names := map[string]bool{}
+	for _, m := range machinesIn(t, f.NS) {
+		names[m.Name] = true
+	}
 	update(t, md, func(md *clusterv1.MachineDeployment) {
 		md.Labels = map[string]string{"team": "blue"}
-		md.Annotations["note"] = "hello"
+		md.Annotations[clusterv1.AutoscalerMinSizeAnnotation] = "1"
+		md.Annotations[clusterv1.AutoscalerMaxSizeAnnotation] = "20"
 	})
+	testenv.Eventually(t, 30*time.Second, "the deployment to see its new annotations", func() error {
+		if c := condition(get(t, md.DeepCopy()).Status.Conditions, clusterv1.NodeGroupSizeValidCondition); !strings.HasPrefix(c, "True") {
+			return fmt.Errorf("NodeGroupSizeValid %s", c)
+		}
+		return nil
+	})
+	if sets := setsOf(t, md); len(sets) != 1 {
+		t.Errorf("a metadata-only change made %d sets", len(sets))
+	}
+	for _, m := range machinesIn(t, f.NS) {
+		if !names[m.Name] || !m.DeletionTimestamp.IsZero() {
+			t.Errorf("a metadata-only change touched machine %s", m.Name)
+		}
+	}
 	fw := watchFleet(t, f.NS)
 	update(t, md, func(md *clusterv1.MachineDeployment) { md.Spec.Template.Spec.Labels["tier"] = "v2" })
 	waitSettled(t, md, 10, "v2", rollTimeout)
