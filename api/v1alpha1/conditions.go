@@ -220,6 +220,17 @@ const (
 	// selector, so machines made from it would not belong to the set; no
 	// machine is created or deleted until spec.template.metadata.labels match.
 	SelectorMismatchReason = "SelectorMismatch"
+	// SelectorExclusiveCondition is False when a MachineSet's selector also
+	// matches machines another set controls. Those machines stay with their
+	// owner (a set adopts only orphans), so nothing is created or deleted
+	// because of it, but counts and `kubectl get -l` are confusing: give each
+	// set its own label.
+	SelectorExclusiveCondition = "SelectorExclusive"
+	// SelectorExclusiveReason: the selector matches only the set's machines.
+	SelectorExclusiveReason = "Exclusive"
+	// SelectorOverlapReason: the message names the other sets.
+	SelectorOverlapReason = "SelectorOverlap"
+
 	// ClusterPausedReason: the Cluster is paused (spec.paused) or being
 	// deleted, so no machine is created or deleted.
 	ClusterPausedReason = "ClusterPaused"
