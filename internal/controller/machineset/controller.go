@@ -134,6 +134,9 @@ type scope struct {
 	machines []*clusterv1.Machine
 	// read is true once machines were listed; before, no status is written.
 	read bool
+	// overlaps names the other sets controlling machines this set's
+	// selector matches.
+	overlaps []string
 	// blocked says why the set may not create or delete machines now, as a
 	// condition reason and message; empty when it may.
 	blockedReason, blockedMessage string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -94,6 +95,10 @@ func (r *Reconciler) readMachines(ctx context.Context, s *scope) error {
 				continue
 			}
 			s.machines = append(s.machines, m)
+		case ref != nil && ref.Kind == "MachineSet" && matches(ms, m):
+			if !slices.Contains(s.overlaps, ref.Name) {
+				s.overlaps = append(s.overlaps, ref.Name)
+			}
 		case ref == nil && m.DeletionTimestamp.IsZero() && matches(ms, m) && s.blockedReason == "":
 			adopted, err := r.adopt(ctx, ms, m)
 			if err != nil {

@@ -165,6 +165,22 @@ func TestAdoptionReleaseAndRefusals(t *testing.T) {
 		t.Errorf("a set with a mismatched template made %d machines", all)
 	}
 
+	// A second set whose selector matches the first's machines says so, and
+	// takes none of them.
+	twin := newSet(f, "pool-a", 1)
+	twin.Name = "twin"
+	twin.Spec.Selector = metav1.LabelSelector{MatchLabels: map[string]string{"pool": "pool-a"}}
+	create(t, twin)
+	testenv.Eventually(t, 30*time.Second, "the overlap to be reported", func() error {
+		c := condition(getSet(t, twin).Status.Conditions, clusterv1.SelectorExclusiveCondition)
+		if !strings.HasPrefix(c, "False/"+clusterv1.SelectorOverlapReason) || !strings.Contains(c, "pool-a") {
+			return fmt.Errorf("SelectorExclusive %s", c)
+		}
+		return nil
+	})
+	waitOwned(t, twin, 1, -1, 30*time.Second)
+	waitOwned(t, ms, 4, -1, 30*time.Second)
+
 	// Bad autoscaler annotations are reported by name; replicas stay.
 	got := getSet(t, ms)
 	before2 := got.DeepCopy()

@@ -2,6 +2,8 @@ package machineset
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -94,6 +96,14 @@ func setStatus(s *scope) {
 		set(clusterv1.PausedCondition, metav1.ConditionFalse, clusterv1.NotPausedReason, "")
 	}
 	SetNodeGroupSizeCondition(&ms.Status.Conditions, ms.Generation, ms.Annotations)
+	if len(s.overlaps) == 0 {
+		set(clusterv1.SelectorExclusiveCondition, metav1.ConditionTrue, clusterv1.SelectorExclusiveReason, "")
+	} else {
+		slices.Sort(s.overlaps)
+		set(clusterv1.SelectorExclusiveCondition, metav1.ConditionFalse, clusterv1.SelectorOverlapReason, fmt.Sprintf(
+			"spec.selector %q also matches machines of MachineSet(s) %s; they stay with their owner, but give each set its own labels",
+			ms.Status.Selector, strings.Join(s.overlaps, ", ")))
+	}
 
 	switch {
 	case s.blockedReason != "":
