@@ -167,7 +167,8 @@ type MachineDeploymentStatus struct {
 	AvailableReplicas int32 `json:"availableReplicas"`
 
 	// conditions are the deployment's detailed state: Ready, Available,
-	// RollingOut, Progressing, ScalingUp, ScalingDown.
+	// RollingOut, Progressing, MachinesReady, ScalingUp, ScalingDown,
+	// Paused, and, with autoscaler size annotations, NodeGroupSizeValid.
 	//
 	// +optional
 	// +listType=map
