@@ -274,3 +274,49 @@ func TestOnDeleteReplacesOnlyDeletedMachines(t *testing.T) {
 		return nil
 	})
 }
+
+// A template changed again in the middle of a rollout, and a scale-up
+// through the scale subresource while it runs: the deployment goes straight
+// to the newest template and size, within the surge and availability
+// bounds, and keeps only revisionHistoryLimit old sets.
+func TestTemplateAndScaleChangeMidRollout(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f)
+	md := newDeployment(f, "midway", 6, 2, 1)
+	create(t, md)
+	waitSettled(t, md, 6, "v1", rollTimeout)
+	fw := watchFleet(t, f.NS)
+
+	update(t, md, func(md *clusterv1.MachineDeployment) { md.Spec.Template.Spec.Labels["tier"] = "v2" })
+	testenv.Eventually(t, time.Minute, "the first rollout to be under way", func() error {
+		v2 := 0
+		for _, m := range machinesIn(t, f.NS) {
+			if m.Spec.Labels["tier"] == "v2" {
+				v2++
+			}
+		}
+		if v2 == 0 {
+			return fmt.Errorf("no v2 machine yet")
+		}
+		return nil
+	})
+	update(t, md, func(md *clusterv1.MachineDeployment) { md.Spec.Template.Spec.Labels["tier"] = "v3" })
+	scaleTo(t, md, 8)
+	got := waitSettled(t, md, 8, "v3", rollTimeout)
+	minReady, maxTotal, events, err := fw.result()
+	t.Logf("%d machine changes seen, Ready never below %d, at most %d machines", events, minReady, maxTotal)
+	// Bounds of the smaller size (6 - 1 available, 8 + 2 machines) hold
+	// throughout.
+	if err != nil || minReady < 5 || maxTotal > 10 {
+		t.Errorf("bounds broken: Ready fell to %d (want >= 5), %d machines (want <= 10), watch error %v", minReady, maxTotal, err)
+	}
+	if got.Annotations[clusterv1.RevisionAnnotation] != "3" {
+		t.Errorf("revision %q, want 3", got.Annotations[clusterv1.RevisionAnnotation])
+	}
+	testenv.Eventually(t, 30*time.Second, "old sets beyond revisionHistoryLimit 1 to go", func() error {
+		if sets := setsOf(t, md); len(sets) != 2 {
+			return fmt.Errorf("%d sets", len(sets))
+		}
+		return nil
+	})
+}
