@@ -36,6 +36,16 @@ type Options struct {
 	// or go within it are acted on together. 0 means one second, negative
 	// acts on every change at once.
 	ScaleInterval time.Duration
+	// crashAt, in tests only, aborts a reconcile at a named step, as if the
+	// process had been killed there.
+	crashAt func(step string) bool
+}
+
+// errCrash is what a test crash hook returns.
+var errCrash = errors.New("simulated crash")
+
+func (r *Reconciler) crashed(step string) bool {
+	return r.opts.crashAt != nil && r.opts.crashAt(step)
 }
 
 // Reconciler reconciles MachineDeployments.
@@ -95,6 +105,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	before := md.DeepCopy()
 	s := &scope{md: md, now: r.now()}
 	defer func() {
+		if errors.Is(retErr, errCrash) {
+			return // a killed process writes nothing more
+		}
 		if err := r.patchStatus(ctx, before, s); err != nil {
 			retErr = errors.Join(retErr, err)
 		}

@@ -186,6 +186,9 @@ func (r *Reconciler) syncSets(ctx context.Context, s *scope) error {
 		s.newSet = ms
 		s.sets = append(s.sets, ms)
 		s.acted = true
+		if r.crashed("after-create-set") {
+			return errCrash
+		}
 	} else {
 		rev := revision(s.newSet)
 		if rev < maxRevision || rev == 0 {
@@ -207,6 +210,9 @@ func (r *Reconciler) syncSets(ctx context.Context, s *scope) error {
 		onDelete := md.Spec.Strategy != nil && md.Spec.Strategy.Type == clusterv1.OnDeleteStrategy
 		if err := r.updateSet(ctx, s, ms, replicas, revision(ms), onDelete); err != nil {
 			return err
+		}
+		if r.crashed("after-scale-old") {
+			return errCrash
 		}
 	}
 	return nil
