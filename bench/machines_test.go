@@ -6,16 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -23,8 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
-	"marina.dev/marina/internal/remote"
-	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/provider/local"
 )
 
@@ -43,44 +37,9 @@ func BenchmarkProvisionLocalMachines(b *testing.B) {
 
 func runProvision(b *testing.B, n int) {
 	ctx := context.Background()
-	tmp := b.TempDir()
-	marina, err := testenv.BuildMarina(tmp)
-	must(b, err)
-	mgmt, err := testenv.Start()
-	must(b, err)
-	defer mgmt.Stop()
-	workload, err := testenv.StartWorkload()
-	must(b, err)
-	defer workload.Stop()
-
-	ns := "bench"
-	must(b, mgmt.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	must(b, mgmt.Client.Create(ctx, &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: ns},
-		Spec: clusterv1.ClusterSpec{
-			ClusterNetwork: clusterv1.ClusterNetwork{Pods: []clusterv1.CIDR{"10.244.0.0/16"}, Services: []clusterv1.CIDR{"10.96.0.0/12"}},
-			ControlPlane: clusterv1.ControlPlaneSpec{Version: "v1.37.2", Replicas: 1,
-				ProviderSpec: &runtime.RawExtension{Raw: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"2Gi"}}`)}},
-		},
-	}))
-	must(b, mgmt.Client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName("bench"), Namespace: ns},
-		Data:       map[string][]byte{remote.KubeconfigSecretKey: workload.Kubeconfig},
-	}))
-
-	sandboxes := filepath.Join(tmp, "machines")
-	kubeconfig := filepath.Join(tmp, "mgmt.kubeconfig")
-	must(b, os.WriteFile(kubeconfig, mgmt.Kubeconfig, 0o600))
-	ctl := exec.Command(marina, "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
-		"--local-provider-dir", sandboxes, "--metrics-bind-address=0", "--health-probe-bind-address=0")
-	logFile, err := os.Create(filepath.Join(tmp, "controller.log"))
-	must(b, err)
-	defer logFile.Close()
-	ctl.Stdout, ctl.Stderr = logFile, logFile
-	ctl.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	must(b, ctl.Start())
-	defer func() { _ = ctl.Process.Signal(syscall.SIGTERM); _ = ctl.Wait() }()
-	defer cleanupSandboxes(b, marina, sandboxes)
+	w := startWorld(b)
+	defer w.stop()
+	mgmt, ns, ctl, logFile := w.mgmt, w.ns, w.ctl, w.logFile
 
 	cs := kubernetes.NewForConfigOrDie(mgmt.Config)
 	writesBefore, conflictsBefore := apiWritesAndConflicts(b, cs)

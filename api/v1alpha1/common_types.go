@@ -9,14 +9,62 @@ const (
 
 	// AutoscalerMinSizeAnnotation on a MachineSet or MachineDeployment is the
 	// smallest number of replicas a cluster autoscaler may scale it down to
-	// (a non-negative integer, "0" allows scale to zero) (M7).
-	AutoscalerMinSizeAnnotation = GroupName + "/autoscaler-min-size"
+	// (a non-negative integer, "0" allows scale to zero) (M7). The name is the
+	// one cluster-autoscaler's clusterapi provider reads when run with
+	// CAPI_GROUP=cluster.marina.dev.
+	AutoscalerMinSizeAnnotation = GroupName + "/cluster-api-autoscaler-node-group-min-size"
 
 	// AutoscalerMaxSizeAnnotation on a MachineSet or MachineDeployment is the
 	// largest number of replicas a cluster autoscaler may scale it up to (a
 	// non-negative integer, at least the min size). A node group without both
 	// annotations is not autoscaled (M7).
-	AutoscalerMaxSizeAnnotation = GroupName + "/autoscaler-max-size"
+	AutoscalerMaxSizeAnnotation = GroupName + "/cluster-api-autoscaler-node-group-max-size"
+
+	// DeleteMachineAnnotation on a Machine of a MachineSet makes it the first
+	// to go when the set shrinks, before unhealthy machines and before the
+	// delete policy's choice. Cluster autoscalers set it on the machine of the
+	// node they remove, then lower replicas. The value is ignored.
+	DeleteMachineAnnotation = GroupName + "/delete-machine"
+
+	// MachineDeploymentNameLabel is put on every MachineSet (and its
+	// Machines) made by a MachineDeployment, with the deployment's name. It
+	// keeps upstream Cluster API's group because cluster-autoscaler's
+	// clusterapi provider reads this exact key whatever its CAPI_GROUP.
+	MachineDeploymentNameLabel = "cluster.x-k8s.io/deployment-name"
+
+	// MachineTemplateHashLabel is put by a MachineDeployment on each of its
+	// MachineSets, their selectors and their machines: a hash of the template
+	// the set was made from, so that sets of different revisions never claim
+	// each other's machines. Set by the controller; do not edit.
+	MachineTemplateHashLabel = GroupName + "/machine-template-hash"
+
+	// RevisionAnnotation on a MachineSet made by a MachineDeployment is the
+	// revision (1, 2, 3, ...) of the template it holds; on the deployment, the
+	// revision of its current template. A template that comes back (a
+	// rollback) gets a new, higher revision.
+	RevisionAnnotation = GroupName + "/revision"
+
+	// RollbackToRevisionAnnotation on a MachineDeployment asks the controller
+	// to put back the template of an earlier revision (the number of a
+	// MachineSet's revision annotation, or "0" for the one before the
+	// current). The controller copies that template into spec.template,
+	// which rolls the machines as any template change does, and removes the
+	// annotation. An unknown revision is reported in the Progressing
+	// condition and the annotation is removed.
+	RollbackToRevisionAnnotation = GroupName + "/rollback-to-revision"
+
+	// NodeMachineAnnotation is put on each Node a marina Machine owns, with
+	// the machine's name (its namespace is in NodeClusterNamespaceAnnotation);
+	// cluster-autoscaler maps Nodes to Machines by the two.
+	NodeMachineAnnotation = GroupName + "/machine"
+
+	// NodeClusterNameAnnotation is put on each Node a marina Machine owns,
+	// with the name of the machine's Cluster.
+	NodeClusterNameAnnotation = GroupName + "/cluster-name"
+
+	// NodeClusterNamespaceAnnotation is put on each Node a marina Machine
+	// owns, with the namespace of the machine's Cluster.
+	NodeClusterNamespaceAnnotation = GroupName + "/cluster-namespace"
 
 	// PausedAnnotation on any marina object stops its controller from changing
 	// it or the world on its behalf until the annotation is removed; for a

@@ -215,6 +215,51 @@ const (
 	// MachineCreationFailedReason: creating a machine failed; the message has
 	// the API error.
 	MachineCreationFailedReason = "MachineCreationFailed"
+
+	// SelectorMismatchReason: the template's labels do not match the
+	// selector, so machines made from it would not belong to the set; no
+	// machine is created or deleted until spec.template.metadata.labels match.
+	SelectorMismatchReason = "SelectorMismatch"
+	// SelectorExclusiveCondition is False when a MachineSet's selector also
+	// matches machines another set controls. Those machines stay with their
+	// owner (a set adopts only orphans), so nothing is created or deleted
+	// because of it, but counts and `kubectl get -l` are confusing: give each
+	// set its own label.
+	SelectorExclusiveCondition = "SelectorExclusive"
+	// SelectorExclusiveReason: the selector matches only the set's machines.
+	SelectorExclusiveReason = "Exclusive"
+	// SelectorOverlapReason: the message names the other sets.
+	SelectorOverlapReason = "SelectorOverlap"
+
+	// ClusterPausedReason: the Cluster is paused (spec.paused) or being
+	// deleted, so no machine is created or deleted.
+	ClusterPausedReason = "ClusterPaused"
+
+	// NodeGroupSizeValidCondition is set on a MachineSet or MachineDeployment
+	// that has a cluster-autoscaler min or max size annotation: False when
+	// one is missing, not a non-negative integer, or min exceeds max. Only a
+	// report: replicas are never changed because of it.
+	NodeGroupSizeValidCondition = "NodeGroupSizeValid"
+	// NodeGroupSizeValidReason: min and max are usable.
+	NodeGroupSizeValidReason = "Valid"
+	// InvalidNodeGroupSizeReason: the message names the annotation at fault.
+	InvalidNodeGroupSizeReason = "InvalidNodeGroupSize"
+
+	// ProgressingCondition is a MachineDeployment's rollout progress, as a
+	// Deployment's: True while the rollout moves or after it completed, False
+	// when no machine became available for spec.progressDeadlineSeconds.
+	ProgressingCondition = "Progressing"
+	// NewMachineSetAvailableReason: the rollout completed.
+	NewMachineSetAvailableReason = "NewMachineSetAvailable"
+	// MachineSetUpdatedReason: the rollout is moving.
+	MachineSetUpdatedReason = "MachineSetUpdated"
+	// ProgressDeadlineExceededReason: the rollout made no progress within
+	// spec.progressDeadlineSeconds; usually new machines never become Ready:
+	// look at their conditions, then fix the template or roll back.
+	ProgressDeadlineExceededReason = "ProgressDeadlineExceeded"
+	// RollbackFailedReason: the revision named by the rollback annotation
+	// does not exist.
+	RollbackFailedReason = "RollbackRevisionNotFound"
 )
 
 // MachineHealthCheck conditions.

@@ -125,6 +125,16 @@ type MachineDeploymentSpec struct {
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
 	RevisionHistoryLimit *int32 `json:"revisionHistoryLimit,omitempty"`
+
+	// progressDeadlineSeconds is how long a rollout may go without a new
+	// machine becoming available before the Progressing condition turns
+	// False (ProgressDeadlineExceeded). The rollout is not stopped: fix the
+	// template or roll back.
+	//
+	// +optional
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:Minimum=1
+	ProgressDeadlineSeconds *int32 `json:"progressDeadlineSeconds,omitempty"`
 }
 
 // MachineDeploymentStatus is the observed state of a MachineDeployment.
@@ -157,7 +167,8 @@ type MachineDeploymentStatus struct {
 	AvailableReplicas int32 `json:"availableReplicas"`
 
 	// conditions are the deployment's detailed state: Ready, Available,
-	// RollingOut, ScalingUp, ScalingDown.
+	// RollingOut, Progressing, MachinesReady, ScalingUp, ScalingDown,
+	// Paused, and, with autoscaler size annotations, NodeGroupSizeValid.
 	//
 	// +optional
 	// +listType=map

@@ -126,7 +126,8 @@ type MachineSetStatus struct {
 	AvailableReplicas int32 `json:"availableReplicas"`
 
 	// conditions are the set's detailed state: Ready, MachinesReady,
-	// ScalingUp, ScalingDown.
+	// ScalingUp, ScalingDown, Paused, SelectorExclusive, and, with
+	// autoscaler size annotations, NodeGroupSizeValid.
 	//
 	// +optional
 	// +listType=map

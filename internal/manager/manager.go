@@ -14,6 +14,8 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"marina.dev/marina/internal/controller/machine"
+	"marina.dev/marina/internal/controller/machinedeployment"
+	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
@@ -114,6 +116,12 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.
 		ExternalKinds:           opts.ExternalKinds,
 		MaxConcurrentReconciles: 10,
 	}); err != nil {
+		return err
+	}
+	if _, err := machineset.SetupWithManager(mgr, machineset.Options{MaxConcurrentReconciles: 4}); err != nil {
+		return err
+	}
+	if _, err := machinedeployment.SetupWithManager(mgr, machinedeployment.Options{MaxConcurrentReconciles: 4}); err != nil {
 		return err
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -48,7 +49,9 @@ type Options struct {
 
 // Reconciler reconciles Machines.
 type Reconciler struct {
-	client   client.Client
+	client client.Client
+	// live reads from the API server, bypassing the cache.
+	live     client.Reader
 	clusters *remote.Cache
 	recorder recorder.EventRecorder
 	opts     Options
@@ -82,6 +85,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 	}
 	r := &Reconciler{
 		client:     mgr.GetClient(),
+		live:       mgr.GetAPIReader(),
 		recorder:   mgr.GetEventRecorder("machine-controller"),
 		opts:       opts,
 		nodeEvents: make(chan event.TypedGenericEvent[*clusterv1.Machine], 1024),
@@ -121,6 +125,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	m := &clusterv1.Machine{}
 	if err := r.client.Get(ctx, req.NamespacedName, m); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		// A machine being deleted is read again from the API server: its
+		// Node's deletion, our own last step, often queues it again before
+		// the cache has seen the finalizer go, and a pass over that stale
+		// copy would repeat the provider delete, its event and the
+		// finalizer patch (a benchmark counted 0.6 extra writes per
+		// machine). A read is cheaper than those writes.
+		if err := r.live.Get(ctx, req.NamespacedName, m); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		if !controllerutil.ContainsFinalizer(m, clusterv1.MachineFinalizer) {
+			return ctrl.Result{}, nil
+		}
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("machine", klog.KObj(m)))
 

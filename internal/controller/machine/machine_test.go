@@ -80,6 +80,16 @@ func TestMachineRunsJoinsAndDrainsOnDelete(t *testing.T) {
 	if !hasTaint(node, "dedicated", "batch", corev1.TaintEffectNoSchedule) {
 		t.Errorf("node taints %v lack dedicated=batch:NoSchedule", node.Spec.Taints)
 	}
+	// cluster-autoscaler maps Nodes to Machines by these (docs/autoscaling.md).
+	for k, v := range map[string]string{
+		clusterv1.NodeMachineAnnotation:          m.Name,
+		clusterv1.NodeClusterNameAnnotation:      f.cluster,
+		clusterv1.NodeClusterNamespaceAnnotation: f.ns,
+	} {
+		if node.Annotations[k] != v {
+			t.Errorf("node annotation %s = %q, want %q", k, node.Annotations[k], v)
+		}
+	}
 
 	// Two pods on the node; a PodDisruptionBudget protects one of them.
 	podNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}
@@ -419,7 +429,7 @@ func mustGet(t *testing.T, f *fixture, m *clusterv1.Machine) *clusterv1.Machine 
 // reporting controller leaves kinds owned elsewhere alone.
 func TestTwoProvidersEachActOnlyOnTheirKind(t *testing.T) {
 	f := newFixture(t)
-	other, err := newProvider(filepath.Join(tmpDir, "machines-other-"+f.ns))
+	other, err := newProvider(filepath.Join(suite.TmpDir, "machines-other-"+f.ns))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,18 +86,46 @@ func missingMetadata(node *corev1.Node, labels map[string]string, taints []corev
 	return outLabels, outTaints, changed
 }
 
-// syncNodeMetadata writes the machine's labels and taints onto its Node when
-// any is missing (M1).
-func syncNodeMetadata(ctx context.Context, c client.Client, node *corev1.Node, roles []clusterv1.MachineRole, labels map[string]string, taints []corev1.Taint) error {
-	labels, taints = nodeMetadata(roles, labels, taints)
+// nodeAnnotations are the annotations that tie a Node to its Machine, as
+// cluster-autoscaler's clusterapi provider reads them (docs/autoscaling.md).
+func nodeAnnotations(m *clusterv1.Machine) map[string]string {
+	return map[string]string{
+		clusterv1.NodeMachineAnnotation:          m.Name,
+		clusterv1.NodeClusterNameAnnotation:      m.Spec.ClusterName,
+		clusterv1.NodeClusterNamespaceAnnotation: m.Namespace,
+	}
+}
+
+// missingAnnotations returns the node's annotations with the desired ones
+// applied, and whether anything changed.
+func missingAnnotations(node *corev1.Node, want map[string]string) (map[string]string, bool) {
+	out := make(map[string]string, len(node.Annotations)+len(want))
+	for k, v := range node.Annotations {
+		out[k] = v
+	}
+	changed := false
+	for k, v := range want {
+		if have, ok := out[k]; !ok || have != v {
+			out[k] = v
+			changed = true
+		}
+	}
+	return out, changed
+}
+
+// syncNodeMetadata writes the machine's labels and taints (M1), and the
+// annotations naming the machine, onto its Node when any is missing.
+func syncNodeMetadata(ctx context.Context, c client.Client, node *corev1.Node, m *clusterv1.Machine, labels map[string]string, taints []corev1.Taint) error {
+	labels, taints = nodeMetadata(m.Spec.Roles, labels, taints)
 	newLabels, newTaints, changed := missingMetadata(node, labels, taints)
-	if !changed {
+	newAnnotations, annotationsChanged := missingAnnotations(node, nodeAnnotations(m))
+	if !changed && !annotationsChanged {
 		return nil
 	}
 	patched := node.DeepCopy()
-	patched.Labels, patched.Spec.Taints = newLabels, newTaints
+	patched.Labels, patched.Spec.Taints, patched.Annotations = newLabels, newTaints, newAnnotations
 	if err := c.Patch(ctx, patched, client.MergeFromWithOptions(node, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("copying labels and taints onto node %s: %w", node.Name, client.IgnoreNotFound(err))
+		return fmt.Errorf("copying labels, taints and annotations onto node %s: %w", node.Name, client.IgnoreNotFound(err))
 	}
 	return nil
 }

@@ -246,7 +246,7 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 	if resolved == nil {
 		return ctrl.Result{}, nil // the configuration does not resolve: see ProviderSpecResolved
 	}
-	if err := syncNodeMetadata(ctx, cl.Client, node, m.Spec.Roles, resolved.Labels, resolved.Taints); err != nil {
+	if err := syncNodeMetadata(ctx, cl.Client, node, m, resolved.Labels, resolved.Taints); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, nil

@@ -10,85 +10,33 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
-	"marina.dev/marina/internal/remote"
-	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/internal/testenv/localenv"
 	"marina.dev/marina/provider"
 	"marina.dev/marina/provider/local"
 )
 
 var (
-	// mgmt is the management plane; workload stands in for a workload
-	// cluster's control plane (the cluster issue brings real ones).
+	// suite holds the management plane, the workload API server (a stand-in
+	// for a workload cluster's control plane) and the marina binary.
+	suite          *localenv.Suite
 	mgmt, workload *testenv.Env
-	marinaBin      string
-	tmpDir         string
 )
 
-func TestMain(m *testing.M) { os.Exit(runSuite(m)) }
-
-func runSuite(m *testing.M) int {
-	var err error
-	if tmpDir, err = os.MkdirTemp("", "marina-machine-"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(tmpDir)
-	if marinaBin, err = testenv.BuildMarina(tmpDir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if mgmt, err = testenv.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer mgmt.Stop()
-	if workload, err = testenv.StartWorkload(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer workload.Stop()
-	code := m.Run()
-	// Agents are detached on purpose (they outlive controller restarts);
-	// the suite ends every one it started.
-	if err := deleteAllSandboxes(); err != nil {
-		fmt.Fprintln(os.Stderr, "cleaning up sandboxes:", err)
-		code = 1
-	}
-	return code
+func TestMain(m *testing.M) {
+	localenv.Main(m, "marina-machine-", func(s *localenv.Suite) { suite, mgmt, workload = s, s.Mgmt, s.Workload })
 }
 
-func deleteAllSandboxes() error {
-	roots, _ := filepath.Glob(filepath.Join(tmpDir, "machines-*"))
-	for _, root := range roots {
-		p, err := newProvider(root)
-		if err != nil {
-			return err
-		}
-		if err := p.DeleteAll(context.Background()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+func newProvider(root string) (*local.Provider, error) { return suite.NewProvider(root) }
 
-func newProvider(root string) (*local.Provider, error) {
-	return local.New(local.Options{Root: root, AgentCommand: []string{marinaBin, "node-agent"}})
-}
-
-// fixture is one test's world: a namespace with a Cluster whose kubeconfig
-// Secret points at the workload API server, and a local provider.
+// fixture is one test's world: see localenv.Fixture.
 type fixture struct {
 	t         *testing.T
 	ns        string
@@ -99,35 +47,8 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{t: t, ns: mgmt.Namespace(t), cluster: "c1"}
-	f.sandboxes = filepath.Join(tmpDir, "machines-"+f.ns)
-	var err error
-	if f.provider, err = newProvider(f.sandboxes); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	cluster := &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Name: f.cluster, Namespace: f.ns},
-		Spec: clusterv1.ClusterSpec{
-			ClusterNetwork: clusterv1.ClusterNetwork{Pods: []clusterv1.CIDR{"10.244.0.0/16"}, Services: []clusterv1.CIDR{"10.96.0.0/12"}},
-			ControlPlane: clusterv1.ControlPlaneSpec{
-				Version:      "v1.37.2",
-				Replicas:     1,
-				ProviderSpec: &runtime.RawExtension{Raw: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"2Gi"}}`)},
-			},
-		},
-	}
-	if err := mgmt.Client.Create(ctx, cluster); err != nil {
-		t.Fatalf("creating cluster: %v", err)
-	}
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName(f.cluster), Namespace: f.ns},
-		Data:       map[string][]byte{remote.KubeconfigSecretKey: workload.Kubeconfig},
-	}
-	if err := mgmt.Client.Create(ctx, secret); err != nil {
-		t.Fatalf("creating kubeconfig secret: %v", err)
-	}
-	return f
+	lf := suite.NewFixture(t)
+	return &fixture{t: t, ns: lf.NS, cluster: lf.Cluster, provider: lf.Provider, sandboxes: lf.Sandboxes}
 }
 
 func ptrTo[T any](v T) *T { return &v }
@@ -142,40 +63,10 @@ func (f *fixture) startController(opts Options) (stop func()) {
 	if opts.MaxConcurrentReconciles == 0 {
 		opts.MaxConcurrentReconciles = 4
 	}
-	mgr, err := ctrl.NewManager(mgmt.Config, ctrl.Options{
-		Scheme:  scheme.New(),
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		// Each test's controller sees its own namespace only: machines other
-		// tests left behind belong to other providers' sandboxes and must not
-		// queue ahead of this test's.
-		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{f.ns: {}}},
-		// Several managers live in one test binary; names must not clash.
-		Controller: config.Controller{SkipNameValidation: ptrTo(true)},
+	return localenv.StartManager(f.t, mgmt.Config, f.ns, func(ctx context.Context, mgr ctrl.Manager) error {
+		_, err := SetupWithManager(ctx, mgr, opts)
+		return err
 	})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if _, err := SetupWithManager(ctx, mgr, opts); err != nil {
-		f.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := mgr.Start(ctx); err != nil {
-			f.t.Errorf("manager: %v", err)
-		}
-	}()
-	var stopped bool
-	stop = func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			<-done
-		}
-	}
-	f.t.Cleanup(stop)
-	return stop
 }
 
 // machine builds a worker Machine with a LocalMachine blob.

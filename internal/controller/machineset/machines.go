@@ -1,0 +1,263 @@
+package machineset
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/autoscaling"
+)
+
+// ScaleDownOnlyAnnotation on a MachineSet stops it from creating machines:
+// it only removes them when it shrinks. The MachineDeployment controller puts
+// it on the old sets of an OnDelete deployment, so that a machine a user
+// deletes is replaced from the current template by the current set, and
+// never, in a race with the deployment lowering the old set's replicas,
+// from the old template. Set by the controller; do not edit.
+const ScaleDownOnlyAnnotation = clusterv1.GroupName + "/scale-down-only"
+
+// matches reports whether machine m belongs to set ms by its labels and
+// cluster.
+func matches(ms *clusterv1.MachineSet, m *clusterv1.Machine) bool {
+	sel, err := metav1.LabelSelectorAsSelector(&ms.Spec.Selector)
+	if err != nil || sel.Empty() {
+		return false
+	}
+	return m.Spec.ClusterName == ms.Spec.ClusterName && sel.Matches(labels.Set(m.Labels))
+}
+
+// checkBlocked finds whatever forbids creating or deleting machines now:
+// the set's paused annotation, a missing, paused or deleted Cluster, or a
+// template its own selector does not match.
+func (r *Reconciler) checkBlocked(ctx context.Context, s *scope) error {
+	ms := s.ms
+	block := func(reason, msg string) { s.blockedReason, s.blockedMessage = reason, msg }
+	if _, ok := ms.Annotations[clusterv1.PausedAnnotation]; ok {
+		block(clusterv1.PausedReason, "the set has the "+clusterv1.PausedAnnotation+" annotation: remove it to resume")
+		return nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&ms.Spec.Selector)
+	switch {
+	case err != nil:
+		block(clusterv1.SelectorMismatchReason, fmt.Sprintf("spec.selector is invalid: %v", err))
+		return nil
+	case !sel.Matches(labels.Set(ms.Spec.Template.ObjectMeta.Labels)):
+		block(clusterv1.SelectorMismatchReason, fmt.Sprintf(
+			"spec.template.metadata.labels %v do not match spec.selector %q, so machines made from the template would not belong to the set: make the template's labels match the selector",
+			ms.Spec.Template.ObjectMeta.Labels, sel.String()))
+		return nil
+	}
+	cluster := &clusterv1.Cluster{}
+	err = r.client.Get(ctx, types.NamespacedName{Namespace: ms.Namespace, Name: ms.Spec.ClusterName}, cluster)
+	switch {
+	case apierrors.IsNotFound(err):
+		block(clusterv1.WaitingForClusterReason, fmt.Sprintf("Cluster %s does not exist: create it, or fix spec.clusterName", ms.Spec.ClusterName))
+	case err != nil:
+		return fmt.Errorf("reading cluster %s: %w", ms.Spec.ClusterName, err)
+	case !cluster.DeletionTimestamp.IsZero():
+		block(clusterv1.DeletingReason, fmt.Sprintf("Cluster %s is being deleted: no machine is created or deleted by the set", ms.Spec.ClusterName))
+	case cluster.Spec.Paused:
+		block(clusterv1.ClusterPausedReason, fmt.Sprintf("Cluster %s is paused (spec.paused): no machine is created or deleted until it is resumed", ms.Spec.ClusterName))
+	}
+	return nil
+}
+
+// readMachines lists, from the API server, the machines the set owns, and
+// adopts orphans that match its selector and releases owned machines that
+// stopped matching, as a ReplicaSet does (not while blocked).
+func (r *Reconciler) readMachines(ctx context.Context, s *scope) error {
+	ms := s.ms
+	list := &clusterv1.MachineList{}
+	if err := r.live.List(ctx, list, client.InNamespace(ms.Namespace)); err != nil {
+		return fmt.Errorf("listing machines of machineset %s: %w", klog.KObj(ms), err)
+	}
+	for i := range list.Items {
+		m := &list.Items[i]
+		ref := metav1.GetControllerOf(m)
+		switch {
+		case ref != nil && ref.UID == ms.UID:
+			if !matches(ms, m) && m.DeletionTimestamp.IsZero() && s.blockedReason == "" {
+				if err := r.release(ctx, ms, m); err != nil {
+					return err
+				}
+				continue
+			}
+			s.machines = append(s.machines, m)
+		case ref != nil && ref.Kind == "MachineSet" && matches(ms, m):
+			if !slices.Contains(s.overlaps, ref.Name) {
+				s.overlaps = append(s.overlaps, ref.Name)
+			}
+		case ref == nil && m.DeletionTimestamp.IsZero() && matches(ms, m) && s.blockedReason == "":
+			adopted, err := r.adopt(ctx, ms, m)
+			if err != nil {
+				return err
+			}
+			if adopted {
+				s.machines = append(s.machines, m)
+			}
+		}
+	}
+	s.read = true
+	return nil
+}
+
+// adopt makes the set the machine's controller. The optimistic lock makes
+// two sets racing for one machine safe: the loser gets a conflict and
+// looks again on its next pass.
+func (r *Reconciler) adopt(ctx context.Context, ms *clusterv1.MachineSet, m *clusterv1.Machine) (bool, error) {
+	before := m.DeepCopy()
+	if err := controllerutil.SetControllerReference(ms, m, r.client.Scheme()); err != nil {
+		return false, nil // another controller owns it after all
+	}
+	if err := r.client.Patch(ctx, m, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("adopting machine %s: %w", klog.KObj(m), err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Adopted machine", "machine", klog.KObj(m))
+	return true, nil
+}
+
+func (r *Reconciler) release(ctx context.Context, ms *clusterv1.MachineSet, m *clusterv1.Machine) error {
+	before := m.DeepCopy()
+	refs := m.OwnerReferences[:0:0]
+	for _, ref := range m.OwnerReferences {
+		if ref.UID != ms.UID {
+			refs = append(refs, ref)
+		}
+	}
+	m.OwnerReferences = refs
+	if err := r.client.Patch(ctx, m, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("releasing machine %s: %w", klog.KObj(m), err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Released machine: its labels no longer match the selector", "machine", klog.KObj(m))
+	return nil
+}
+
+// syncAnnotations keeps the scale-from-zero annotations of the set in line
+// with the MachineClass of its template (docs/autoscaling.md).
+func (r *Reconciler) syncAnnotations(ctx context.Context, s *scope) error {
+	ms := s.ms
+	ref := ms.Spec.Template.Spec.ClassRef
+	if ref == nil {
+		return nil
+	}
+	mc := &clusterv1.MachineClass{}
+	if err := r.client.Get(ctx, types.NamespacedName{Name: ref.Name}, mc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil // the machines report the missing class
+		}
+		return fmt.Errorf("reading MachineClass %q: %w", ref.Name, err)
+	}
+	derived, ok, err := autoscaling.Capacity(mc, &ms.Spec.Template.Spec)
+	if err != nil || !ok {
+		// A template that does not fit its class is reported by each
+		// machine's ProviderSpecResolved condition.
+		return nil
+	}
+	annotations, changed := autoscaling.Apply(ms.Annotations, derived)
+	if !changed {
+		return nil
+	}
+	before := ms.DeepCopy()
+	ms.Annotations = annotations
+	if err := r.client.Patch(ctx, ms, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("writing capacity annotations of machineset %s: %w", klog.KObj(ms), err)
+	}
+	return nil
+}
+
+// syncReplicas creates or deletes machines until the set has spec.replicas.
+func (r *Reconciler) syncReplicas(ctx context.Context, s *scope) error {
+	ms := s.ms
+	want := int(ptrOr(ms.Spec.Replicas, 1))
+	var active []*clusterv1.Machine
+	for _, m := range s.machines {
+		if m.DeletionTimestamp.IsZero() {
+			active = append(active, m)
+		}
+	}
+	_, scaleDownOnly := ms.Annotations[ScaleDownOnlyAnnotation]
+	switch {
+	case len(s.machines) < want && scaleDownOnly:
+		// An old revision of an OnDelete deployment: a machine someone
+		// deleted is replaced by the deployment's current set, never here.
+	case len(s.machines) < want:
+		for range want - len(s.machines) {
+			m, err := r.createMachine(ctx, ms)
+			if err != nil {
+				s.createErr = err
+				return err
+			}
+			s.machines = append(s.machines, m)
+			if r.crashed("after-create") {
+				return errCrash
+			}
+		}
+	case len(active) > want:
+		for _, m := range DeletionOrder(active, ms.Spec.DeletePolicy, len(active)-want) {
+			uid := m.UID
+			if err := r.client.Delete(ctx, m, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("deleting machine %s of machineset %s: %w", klog.KObj(m), klog.KObj(ms), err)
+			}
+			ctrl.LoggerFrom(ctx).Info("Deleting machine", "machine", klog.KObj(m), "priority", deletePriority(m))
+			now := metav1.NewTime(s.now)
+			m.DeletionTimestamp = &now
+			if r.crashed("after-delete") {
+				return errCrash
+			}
+		}
+	}
+	return nil
+}
+
+// createMachine creates one machine from the template, owned by the set in
+// the same request.
+func (r *Reconciler) createMachine(ctx context.Context, ms *clusterv1.MachineSet) (*clusterv1.Machine, error) {
+	tmpl := ms.Spec.Template
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: ms.Name + "-",
+			Namespace:    ms.Namespace,
+			Labels:       maps.Clone(tmpl.ObjectMeta.Labels),
+			Annotations:  maps.Clone(tmpl.ObjectMeta.Annotations),
+		},
+		Spec: *tmpl.Spec.DeepCopy(),
+	}
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	m.Labels[clusterv1.ClusterNameLabel] = ms.Spec.ClusterName
+	if err := controllerutil.SetControllerReference(ms, m, r.client.Scheme()); err != nil {
+		return nil, fmt.Errorf("setting owner of a new machine: %w", err)
+	}
+	if err := r.client.Create(ctx, m); err != nil {
+		r.recorder.Eventf(ms, nil, corev1.EventTypeWarning, clusterv1.MachineCreationFailedReason, "Create", "creating a machine: %v", err)
+		return nil, fmt.Errorf("creating a machine for machineset %s: %w", klog.KObj(ms), err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Created machine", "machine", klog.KObj(m))
+	return m, nil
+}
+
+func ptrOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}

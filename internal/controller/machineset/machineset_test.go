@@ -1,0 +1,253 @@
+package machineset
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/testenv"
+)
+
+const machineTimeout = 90 * time.Second
+
+// `kubectl scale` through the scale subresource takes a set from 3 to 0 to
+// 5 real local machines; on the way down, the machine annotated
+// cluster.marina.dev/delete-machine (what cluster-autoscaler does to the
+// node it removes) is the one that goes.
+func TestScaleSubresourceAndAnnotatedMachineGoesFirst(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f, Options{}, true)
+	ctx := context.Background()
+	ms := newSet(f, "workers", 3)
+	ms.Spec.DeletePolicy = clusterv1.NewestDeletePolicy
+	create(t, ms)
+	waitOwned(t, ms, 3, 3, machineTimeout)
+
+	testenv.Eventually(t, 30*time.Second, "the scale subresource to report 3 replicas and the selector", func() error {
+		s := &autoscalingv1.Scale{}
+		if err := mgmt.Client.SubResource("scale").Get(ctx, ms, s); err != nil {
+			return err
+		}
+		if s.Spec.Replicas != 3 || s.Status.Replicas != 3 || s.Status.Selector != "pool=workers" {
+			return fmt.Errorf("scale %+v", s)
+		}
+		return nil
+	})
+
+	// The oldest machine is annotated; the policy alone would take the newest.
+	var victim *clusterv1.Machine
+	for _, m := range machinesIn(t, f.NS) {
+		if victim == nil || m.CreationTimestamp.Before(&victim.CreationTimestamp) || (m.CreationTimestamp.Equal(&victim.CreationTimestamp) && m.Name < victim.Name) {
+			victim = m.DeepCopy()
+		}
+	}
+	before := victim.DeepCopy()
+	victim.Annotations = map[string]string{clusterv1.DeleteMachineAnnotation: "yes"}
+	if err := mgmt.Client.Patch(ctx, victim, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	_, _, names := owned(t, ms)
+	scale(t, ms, 2)
+	waitOwned(t, ms, 2, 2, machineTimeout)
+	_, _, left := owned(t, ms)
+	if left[victim.Name] {
+		t.Errorf("annotated machine %s survived the scale-down; left %v", victim.Name, left)
+	}
+	for n := range left {
+		if !names[n] {
+			t.Errorf("machine %s is new: scale-down replaced machines", n)
+		}
+	}
+
+	scale(t, ms, 0)
+	waitOwned(t, ms, 0, 0, machineTimeout)
+	scale(t, ms, 5)
+	waitOwned(t, ms, 5, 5, machineTimeout)
+	testenv.Eventually(t, 30*time.Second, "status to say 5 ready and available, and Ready", func() error {
+		got := getSet(t, ms)
+		if got.Status.Replicas != 5 || got.Status.ReadyReplicas != 5 || got.Status.AvailableReplicas != 5 ||
+			got.Status.ObservedGeneration != got.Generation || !strings.HasPrefix(condition(got.Status.Conditions, clusterv1.ReadyCondition), "True") {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+}
+
+// An orphan machine that matches the selector is adopted instead of a new
+// one being made; a machine relabelled out of the selector is released and
+// replaced. A paused Cluster, a template its selector does not match and bad
+// autoscaler annotations are reported, and create or delete nothing.
+// (No machine controller runs: these machines are never provisioned.)
+func TestAdoptionReleaseAndRefusals(t *testing.T) {
+	f := suite.NewFixture(t)
+	ctx := context.Background()
+	ms := newSet(f, "pool-a", 2)
+	orphan := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Name: "orphan", Namespace: f.NS, Labels: map[string]string{"pool": "pool-a"}},
+		Spec:       *ms.Spec.Template.Spec.DeepCopy(),
+	}
+	create(t, orphan)
+	create(t, ms)
+	start(f, Options{}, false)
+	waitOwned(t, ms, 2, -1, 30*time.Second)
+	if _, _, names := owned(t, ms); !names["orphan"] {
+		t.Fatalf("orphan not adopted: %v", names)
+	}
+
+	// Released when its labels stop matching, then replaced.
+	o := &clusterv1.Machine{}
+	if err := mgmt.Client.Get(ctx, client.ObjectKeyFromObject(orphan), o); err != nil {
+		t.Fatal(err)
+	}
+	before := o.DeepCopy()
+	o.Labels["pool"] = "elsewhere"
+	if err := mgmt.Client.Patch(ctx, o, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	waitOwned(t, ms, 2, -1, 30*time.Second)
+	testenv.Eventually(t, 30*time.Second, "the relabelled machine to lose its owner", func() error {
+		if err := mgmt.Client.Get(ctx, client.ObjectKeyFromObject(orphan), o); err != nil {
+			return err
+		}
+		if ref := metav1.GetControllerOf(o); ref != nil {
+			return fmt.Errorf("still controlled by %s", ref.Name)
+		}
+		return nil
+	})
+
+	// A paused cluster: scaling up creates nothing, and says why.
+	cluster := &clusterv1.Cluster{}
+	if err := mgmt.Client.Get(ctx, client.ObjectKey{Namespace: f.NS, Name: f.Cluster}, cluster); err != nil {
+		t.Fatal(err)
+	}
+	pause := func(p bool) {
+		t.Helper()
+		before := cluster.DeepCopy()
+		cluster.Spec.Paused = p
+		if err := mgmt.Client.Patch(ctx, cluster, client.MergeFrom(before)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pause(true)
+	scale(t, ms, 4)
+	testenv.Eventually(t, 30*time.Second, "Ready to say the cluster is paused", func() error {
+		got := getSet(t, ms)
+		if c := condition(got.Status.Conditions, clusterv1.ReadyCondition); !strings.HasPrefix(c, "False/"+clusterv1.ClusterPausedReason) || got.Status.ObservedGeneration != got.Generation {
+			return fmt.Errorf("Ready %s", c)
+		}
+		return nil
+	})
+	if all, _, _ := owned(t, ms); all != 2 {
+		t.Errorf("%d machines while the cluster is paused, want still 2", all)
+	}
+	pause(false)
+	waitOwned(t, ms, 4, -1, 30*time.Second)
+
+	// A template its selector does not match creates nothing.
+	bad := newSet(f, "pool-b", 2)
+	bad.Spec.Template.ObjectMeta.Labels = map[string]string{"pool": "pool-c"}
+	create(t, bad)
+	testenv.Eventually(t, 30*time.Second, "Ready to report the selector mismatch", func() error {
+		c := condition(getSet(t, bad).Status.Conditions, clusterv1.ReadyCondition)
+		if !strings.HasPrefix(c, "False/"+clusterv1.SelectorMismatchReason) || !strings.Contains(c, "spec.template.metadata.labels") {
+			return fmt.Errorf("Ready %s", c)
+		}
+		return nil
+	})
+	if all, _, _ := owned(t, bad); all != 0 {
+		t.Errorf("a set with a mismatched template made %d machines", all)
+	}
+
+	// A second set whose selector matches the first's machines says so, and
+	// takes none of them.
+	twin := newSet(f, "pool-a", 1)
+	twin.Name = "twin"
+	twin.Spec.Selector = metav1.LabelSelector{MatchLabels: map[string]string{"pool": "pool-a"}}
+	create(t, twin)
+	testenv.Eventually(t, 30*time.Second, "the overlap to be reported", func() error {
+		c := condition(getSet(t, twin).Status.Conditions, clusterv1.SelectorExclusiveCondition)
+		if !strings.HasPrefix(c, "False/"+clusterv1.SelectorOverlapReason) || !strings.Contains(c, "pool-a") {
+			return fmt.Errorf("SelectorExclusive %s", c)
+		}
+		return nil
+	})
+	waitOwned(t, twin, 1, -1, 30*time.Second)
+	waitOwned(t, ms, 4, -1, 30*time.Second)
+
+	// Bad autoscaler annotations are reported by name; replicas stay.
+	got := getSet(t, ms)
+	before2 := got.DeepCopy()
+	got.Annotations = map[string]string{clusterv1.AutoscalerMinSizeAnnotation: "5", clusterv1.AutoscalerMaxSizeAnnotation: "2"}
+	if err := mgmt.Client.Patch(ctx, got, client.MergeFrom(before2)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "NodeGroupSizeValid to name the min annotation", func() error {
+		c := condition(getSet(t, ms).Status.Conditions, clusterv1.NodeGroupSizeValidCondition)
+		if !strings.HasPrefix(c, "False/"+clusterv1.InvalidNodeGroupSizeReason) || !strings.Contains(c, clusterv1.AutoscalerMinSizeAnnotation) {
+			return fmt.Errorf("NodeGroupSizeValid %s", c)
+		}
+		return nil
+	})
+	if all, _, _ := owned(t, ms); all != 4 || *getSet(t, ms).Spec.Replicas != 4 {
+		t.Errorf("bad annotations changed the set: %d machines", all)
+	}
+}
+
+// A controller killed right after each machine creation or deletion, and
+// started again, ends with exactly spec.replicas machines: no duplicate, no
+// leak.
+func TestControllerKilledAfterEachWriteConverges(t *testing.T) {
+	f := suite.NewFixture(t)
+	ms := newSet(f, "crashy", 5)
+	create(t, ms)
+	// Each manager lives until its first crash; the next one takes over.
+	runUntilStable := func(step string, want int) {
+		t.Helper()
+		for range 20 {
+			crashed := make(chan struct{})
+			var once bool
+			stop := start(f, Options{crashAt: func(s string) bool {
+				if s != step || once {
+					return false
+				}
+				once = true
+				close(crashed)
+				return true
+			}}, false)
+			settled := false
+			testenv.Eventually(t, 30*time.Second, "a crash or a settled set", func() error {
+				select {
+				case <-crashed:
+					return nil
+				default:
+				}
+				if all, _, _ := owned(t, ms); all == want {
+					settled = true
+					return nil
+				}
+				return fmt.Errorf("neither crashed nor settled")
+			})
+			stop()
+			if settled {
+				return
+			}
+		}
+		t.Fatalf("still crashing after 20 restarts")
+	}
+	runUntilStable("after-create", 5)
+	if machines := machinesIn(t, f.NS); len(machines) != 5 {
+		t.Fatalf("%d machines in the namespace after crashes, want 5", len(machines))
+	}
+	scale(t, ms, 1)
+	runUntilStable("after-delete", 1)
+	if machines := machinesIn(t, f.NS); len(machines) != 1 {
+		t.Fatalf("%d machines in the namespace after crashes, want 1", len(machines))
+	}
+}
