@@ -6,7 +6,9 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -122,4 +124,41 @@ func flag(t testing.TB, m *components.Manifest, name string) string {
 		t.Fatalf("--%s is given %d times in %s, want once", name, len(v), m.Binary)
 	}
 	return v[0]
+}
+
+// proc is a process, told apart from a later one with the same PID by its
+// start time.
+type proc struct {
+	pid   int
+	start string // field 22 of /proc/<pid>/stat
+}
+
+// procStat returns a process's state and start time from /proc.
+func procStat(pid int) (state, start string, err error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", "", err
+	}
+	// The command name, in parentheses, may hold spaces: count after it.
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 20 {
+		return "", "", fmt.Errorf("/proc/%d/stat is short", pid)
+	}
+	return f[0], f[19], nil
+}
+
+func procOf(t testing.TB, pid int) proc {
+	t.Helper()
+	_, start, err := procStat(pid)
+	if err != nil {
+		t.Fatalf("process %d: %v", pid, err)
+	}
+	return proc{pid: pid, start: start}
+}
+
+// alive reports whether p still runs; a zombie has ended.
+func (p proc) alive() bool {
+	state, start, err := procStat(p.pid)
+	return err == nil && start == p.start && state != "Z"
 }
