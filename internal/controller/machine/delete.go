@@ -31,6 +31,14 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 	if !controllerutil.ContainsFinalizer(m, clusterv1.MachineFinalizer) {
 		return ctrl.Result{}, nil
 	}
+	made, err := r.everMade(ctx, m, prov)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !made {
+		// No Node can exist: nothing to drain, no cluster to wait for.
+		return ctrl.Result{}, r.removeFinalizer(ctx, m)
+	}
 	cl, err := r.clusters.Get(ctx, clusterKey(m))
 	if err != nil {
 		gone, goneErr := r.clusterGoing(ctx, m)
@@ -76,12 +84,34 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 	if r.crashed("after-node-delete") {
 		return ctrl.Result{}, errCrash
 	}
+	return ctrl.Result{}, r.removeFinalizer(ctx, m)
+}
+
+func (r *Reconciler) removeFinalizer(ctx context.Context, m *clusterv1.Machine) error {
 	before := m.DeepCopy()
 	controllerutil.RemoveFinalizer(m, clusterv1.MachineFinalizer)
 	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
-		return ctrl.Result{}, fmt.Errorf("removing finalizer: %w", err)
+		return fmt.Errorf("removing finalizer: %w", err)
 	}
-	return ctrl.Result{}, nil
+	return nil
+}
+
+// everMade reports whether the provider ever made this machine: it has a
+// providerID, or the provider knows its UID (a controller killed after
+// Create, before recording it). A machine deleted while it still waited for
+// its cluster was never made.
+func (r *Reconciler) everMade(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (bool, error) {
+	if m.Status.ProviderID != "" {
+		return true, nil
+	}
+	_, err := prov.Get(ctx, m.UID)
+	switch {
+	case provider.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("describing machine with provider %s: %w", prov.Name(), err)
+	}
+	return true, nil
 }
 
 // clusterGoing reports whether the machine's Cluster is deleted or being

@@ -560,10 +560,9 @@ func TestNarrowedClassKeepsRunningMachines(t *testing.T) {
 	}
 }
 
-// A machine deleted while it waits for its cluster's kubeconfig goes as soon
-// as its Cluster goes (as when a namespace is deleted): with the cluster
-// gone there is no Node to drain, and nothing keeps the finalizer.
-func TestMachineWaitingForItsClusterGoesWithTheCluster(t *testing.T) {
+// A machine deleted before it was ever made goes at once, even while its
+// cluster has no kubeconfig yet: no Node can exist to drain.
+func TestMachineNeverMadeGoesAtOnce(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName(f.cluster), Namespace: f.ns}}
@@ -571,7 +570,7 @@ func TestMachineWaitingForItsClusterGoesWithTheCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.startController(Options{})
-	m := f.create(f.machine("waiting", ""))
+	m := f.create(f.machine("never-made", ""))
 	eventually(t, 30*time.Second, "the machine to wait for its control plane", func() (bool, error) {
 		got, err := f.get(m)
 		if err != nil {
@@ -580,6 +579,25 @@ func TestMachineWaitingForItsClusterGoesWithTheCluster(t *testing.T) {
 		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineProvisionedCondition)
 		return c != nil && c.Reason == clusterv1.MachineWaitingForControlPlaneReason, nil
 	})
+	if err := mgmt.Client.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	f.waitGone(m, 30*time.Second)
+}
+
+// A running machine deleted after its cluster's kubeconfig is gone waits
+// to drain its Node, and goes as soon as its Cluster goes (as when a
+// namespace is deleted): with the cluster gone there is no Node to drain.
+func TestMachineWaitingForItsClusterGoesWithTheCluster(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.startController(Options{})
+	m := f.create(f.machine("waiting", ""))
+	f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName(f.cluster), Namespace: f.ns}}
+	if err := mgmt.Client.Delete(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
 	if err := mgmt.Client.Delete(ctx, m); err != nil {
 		t.Fatal(err)
 	}
@@ -596,4 +614,7 @@ func TestMachineWaitingForItsClusterGoesWithTheCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.waitGone(m, 30*time.Second)
+	if n := f.sandboxCount(); n != 0 {
+		t.Errorf("%d sandboxes left after the machine went", n)
+	}
 }
