@@ -150,6 +150,63 @@ spec:
 		}
 	})
 
+	t.Run("deleting a MachineDeployment deletes its sets and machines", func(t *testing.T) {
+		manifest := filepath.Join(t.TempDir(), "fleet.yaml")
+		if err := os.WriteFile(manifest, []byte(`
+apiVersion: cluster.marina.dev/v1alpha1
+kind: Cluster
+metadata: {name: fleet, namespace: default}
+spec:
+  controlPlane:
+    version: v1.37.2
+    providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 2Gi}}
+---
+apiVersion: cluster.marina.dev/v1alpha1
+kind: MachineDeployment
+metadata: {name: pool, namespace: default}
+spec:
+  clusterName: fleet
+  replicas: 2
+  selector: {matchLabels: {pool: a}}
+  template:
+    metadata: {labels: {pool: a}}
+    spec:
+      clusterName: fleet
+      roles: [Worker]
+      versions: {kubelet: v1.37.2}
+      providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 2Gi}}
+`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := u.kubectl(t, "apply", "-f", manifest); err != nil {
+			t.Fatalf("kubectl apply: %v\n%s", err, out)
+		}
+		count := func(kind string) (int, error) {
+			out, err := u.kubectl(t, "get", kind, "-n", "default", "-l", "pool=a", "-o", "name")
+			if err != nil {
+				return 0, fmt.Errorf("%v: %s", err, out)
+			}
+			return len(strings.Fields(out)), nil
+		}
+		testenv.Eventually(t, time.Minute, "the deployment's 2 machines exist", func() error {
+			if n, err := count("machines"); err != nil || n != 2 {
+				return fmt.Errorf("%d machines (%v)", n, err)
+			}
+			return nil
+		})
+		if out, err := u.kubectl(t, "delete", "machinedeployment", "pool", "-n", "default"); err != nil {
+			t.Fatalf("kubectl delete: %v\n%s", err, out)
+		}
+		testenv.Eventually(t, time.Minute, "the deployment's sets and machines are deleted", func() error {
+			for _, kind := range []string{"machinesets", "machines"} {
+				if n, err := count(kind); err != nil || n != 0 {
+					return fmt.Errorf("%d %s left (%v)", n, kind, err)
+				}
+			}
+			return nil
+		})
+	})
+
 	// Nothing the plane's controllers tried was denied.
 	log, err := os.ReadFile(filepath.Join(u.stateDir, "logs", "kube-controller-manager.log"))
 	if err != nil {

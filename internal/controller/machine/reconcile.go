@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -65,6 +66,33 @@ func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine, k
 		}
 		m.Annotations[clusterv1.ProviderKindAnnotation] = provider.FormatKind(kind)
 	}
+	if err := r.ensureClusterOwner(ctx, m); err != nil {
+		return err
+	}
+	if equalMetadata(before, m) && before.Annotations[clusterv1.ProviderKindAnnotation] == m.Annotations[clusterv1.ProviderKindAnnotation] {
+		return nil
+	}
+	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("adding finalizer and owner reference: %w", err)
+	}
+	return nil
+}
+
+// ensureClusterOwner makes the Cluster the owner of a machine that has no
+// controller (one made by hand), so that deleting the Cluster deletes it.
+// A machine a set controls is owned by its set alone: the garbage collector
+// deletes an object only when all its owners are gone, so a Cluster owner
+// beside the set would keep the machine alive when its set or deployment is
+// deleted (seen on marina up). A machine adopted by a set loses its Cluster
+// owner for the same reason.
+func (r *Reconciler) ensureClusterOwner(ctx context.Context, m *clusterv1.Machine) error {
+	if metav1.GetControllerOf(m) != nil {
+		m.OwnerReferences = slices.DeleteFunc(m.OwnerReferences, func(ref metav1.OwnerReference) bool {
+			return ref.Kind == "Cluster" && ref.Name == m.Spec.ClusterName && ref.APIVersion == clusterv1.GroupVersion.String() &&
+				(ref.Controller == nil || !*ref.Controller)
+		})
+		return nil
+	}
 	cluster := &clusterv1.Cluster{}
 	switch err := r.client.Get(ctx, clusterKey(m), cluster); {
 	case err == nil:
@@ -73,12 +101,6 @@ func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine, k
 		}
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("reading cluster %s: %w", m.Spec.ClusterName, err)
-	}
-	if equalMetadata(before, m) && before.Annotations[clusterv1.ProviderKindAnnotation] == m.Annotations[clusterv1.ProviderKindAnnotation] {
-		return nil
-	}
-	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
-		return fmt.Errorf("adding finalizer and owner reference: %w", err)
 	}
 	return nil
 }
