@@ -86,34 +86,8 @@ func TestStackedMachineRunsAWorkingControlPlane(t *testing.T) {
 	}
 
 	start := time.Now()
-	ctx, cancel := context.WithCancel(context.Background())
-	sup := components.New(dir, components.Options{})
-	done := make(chan error, 1)
-	go func() { done <- sup.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("the supervisor: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Error("the supervisor did not stop within a minute")
-		}
-	}
-	t.Cleanup(func() {
-		stop()
-		if t.Failed() {
-			for _, name := range []string{bootstrap.Etcd, bootstrap.APIServer, bootstrap.ControllerManager, bootstrap.Scheduler} {
-				t.Logf("last lines of %s's log:\n%s", name, files.Tail(components.LogPath(dir, name), 15))
-			}
-		}
-	})
+	sup, stop := supervise(t, dir)
+	ctx := context.Background()
 
 	cs := adminClient(t, set, m.Endpoint)
 	testenv.Eventually(t, 90*time.Second, "kube-apiserver answers /readyz over TLS verified against the cluster CA", func() error {
@@ -197,6 +171,41 @@ func TestStackedMachineRunsAWorkingControlPlane(t *testing.T) {
 			t.Errorf("process %d still runs after the supervisor stopped", p.pid)
 		}
 	}
+}
+
+// supervise runs a supervisor of sandbox dir until stop is called or the
+// test ends, and shows the end of each component's log if the test failed.
+func supervise(t *testing.T, dir string) (sup *components.Supervisor, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sup = components.New(dir, components.Options{})
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("the supervisor of %s: %v", dir, err)
+			}
+		case <-time.After(time.Minute):
+			t.Errorf("the supervisor of %s did not stop within a minute", dir)
+		}
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			for _, st := range sup.Status() {
+				t.Logf("last lines of %s's log in %s:\n%s", st.Name, dir, files.Tail(components.LogPath(dir, st.Name), 15))
+			}
+		}
+	})
+	return sup, stop
 }
 
 // machineAddress picks a loopback address of its own for the machine,
