@@ -320,14 +320,22 @@ func resolve(m *Machine) (*input, error) {
 	}
 	errs = append(errs, in.resolveNetwork()...)
 	errs = append(errs, in.resolveEtcd()...)
-	for component, args := range map[string]map[string]string{
-		APIServer:         m.Components.APIServer.ExtraArgs,
-		ControllerManager: m.Components.ControllerManager.ExtraArgs,
-		Scheduler:         m.Components.Scheduler.ExtraArgs,
+	for _, c := range []struct {
+		name string
+		args map[string]string
+	}{
+		{APIServer, m.Components.APIServer.ExtraArgs},
+		{ControllerManager, m.Components.ControllerManager.ExtraArgs},
+		{Scheduler, m.Components.Scheduler.ExtraArgs},
 	} {
-		for k := range args {
+		names := make([]string, 0, len(c.args))
+		for k := range c.args {
+			names = append(names, k)
+		}
+		sort.Strings(names) // the same input, the same error
+		for _, k := range names {
 			if err := checkFlagName(k); err != nil {
-				fail("extraArgs of %s: %w", component, err)
+				fail("extraArgs of %s: %w", c.name, err)
 			}
 		}
 	}
