@@ -107,6 +107,12 @@ const (
 	// MachineNodeStartupTimeoutReason: the Node did not register within
 	// nodeStartupTimeout.
 	MachineNodeStartupTimeoutReason = "NodeStartupTimeout"
+	// MachineNodeDeletedReason: the machine had a Node (status.nodeRef) and
+	// that Node no longer exists in the workload cluster.
+	MachineNodeDeletedReason = "NodeDeleted"
+	// MachineFailedReason: the machine is Failed (status.failureReason); it
+	// is replaced, not repaired.
+	MachineFailedReason = "MachineFailed"
 )
 
 // Cluster conditions.
@@ -273,4 +279,14 @@ const (
 	// TooManyUnhealthyReason: more machines are unhealthy than maxUnhealthy;
 	// look for a common cause (network, control plane) before raising it.
 	TooManyUnhealthyReason = "TooManyUnhealthy"
+	// RemediationClusterUnreachableReason: the workload cluster's API server
+	// does not answer, so its Nodes cannot be read; nothing is remediated
+	// while it is so, because the network, not the machines, may be down.
+	RemediationClusterUnreachableReason = "ClusterUnreachable"
+	// NoMachinesSelectedReason: the selector matches no machine of the
+	// cluster; check spec.selector against the machines' labels.
+	NoMachinesSelectedReason = "NoMachinesSelected"
+	// InvalidMaxUnhealthyReason: spec.maxUnhealthy cannot be read as a
+	// number or a percentage from 0% to 100%; nothing is remediated.
+	InvalidMaxUnhealthyReason = "InvalidMaxUnhealthy"
 )

@@ -18,6 +18,13 @@ const (
 	// ExcludeNodeDrainingAnnotation on a Machine skips draining its Node
 	// before deletion (for a Node that is already gone or must go now).
 	ExcludeNodeDrainingAnnotation = "cluster.marina.dev/exclude-node-draining"
+
+	// RemediationReasonAnnotation is put on a Machine by a MachineHealthCheck
+	// that found it unhealthy and remediated (or, for a machine no set owns,
+	// only marked) it: the reason and message, so that the cause survives
+	// into the machine's deletion and its events. Set by the controller;
+	// removed when the machine is healthy again.
+	RemediationReasonAnnotation = "cluster.marina.dev/remediation-reason"
 )
 
 // ProviderKindAnnotation records, on a Machine a provider has taken, the

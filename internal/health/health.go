@@ -1,0 +1,250 @@
+package health
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+)
+
+// Spec is the part of a MachineHealthCheck's spec the decision reads.
+type Spec struct {
+	// Conditions make a machine unhealthy when its Node has one of them for
+	// at least its timeout.
+	Conditions []Condition
+	// NodeStartupTimeout is how long a machine may go without a Node after
+	// it started; 0 disables the check.
+	NodeStartupTimeout time.Duration
+	// MaxUnhealthy is a number of machines or a percentage ("40%") of the
+	// selected machines; nil means 100%.
+	MaxUnhealthy *intstr.IntOrString
+}
+
+// Condition is a Node condition that, held for Timeout, makes a machine
+// unhealthy.
+type Condition struct {
+	Type    corev1.NodeConditionType
+	Status  corev1.ConditionStatus
+	Timeout time.Duration
+}
+
+// Machine is what was observed about one selected machine.
+type Machine struct {
+	// Name identifies the machine in the plan.
+	Name string
+	// Failed is true when the machine's phase is Failed or it has a
+	// failureReason; FailureMessage says why.
+	Failed         bool
+	FailureMessage string
+	// Deleting is true when the machine has a deletionTimestamp.
+	Deleting bool
+	// ControlPlane is true for a machine with the ControlPlane role.
+	ControlPlane bool
+	// OwnedBySet is true when a MachineSet controls the machine, so that
+	// deleting it makes the set create a replacement.
+	OwnedBySet bool
+	// HadNode is true when the machine recorded a Node (status.nodeRef).
+	HadNode bool
+	// Node is the machine's Node as the workload cluster has it now; nil
+	// when no Node carries the machine's providerID.
+	Node *corev1.Node
+	// Started is when the node-startup clock started: when the machine was
+	// provisioned, or created when it has not been yet.
+	Started time.Time
+}
+
+// Action is what to do about a machine.
+type Action int
+
+const (
+	// None: nothing beyond the healthy or unhealthy mark.
+	None Action = iota
+	// Remediate: delete the machine; its MachineSet replaces it.
+	Remediate
+	// MarkOnly: the machine is unhealthy and would be remediated, but
+	// marina cannot replace it (no set owns it, or it is a control-plane
+	// machine): annotate it so a person can.
+	MarkOnly
+)
+
+func (a Action) String() string {
+	switch a {
+	case Remediate:
+		return "Remediate"
+	case MarkOnly:
+		return "MarkOnly"
+	default:
+		return "None"
+	}
+}
+
+// Verdict is the decision about one machine.
+type Verdict struct {
+	Name string
+	// Healthy is false when the machine is unhealthy or being deleted.
+	Healthy bool
+	// Reason and Message explain an unhealthy machine (a
+	// HealthCheckSucceeded reason and a sentence); empty when healthy.
+	Reason, Message string
+	Action          Action
+}
+
+// Plan is the decision for one MachineHealthCheck.
+type Plan struct {
+	// Machines has one verdict per input machine, in input order.
+	Machines []Verdict
+	// Expected is the number of selected machines; Healthy of them are
+	// healthy. Machines being deleted count as expected, not healthy.
+	Expected, Healthy int
+	// MaxUnhealthy is spec.maxUnhealthy as a number of machines.
+	MaxUnhealthy int
+	// Allowed is false when more machines are unhealthy than MaxUnhealthy:
+	// then nothing is remediated or marked for remediation.
+	Allowed bool
+	// RemediationsAllowed is how many more machines may become unhealthy
+	// before remediation stops.
+	RemediationsAllowed int
+	// RequeueAt is the earliest time a pending timeout expires; zero when
+	// none is pending (the next change of a machine or Node brings the check
+	// back).
+	RequeueAt time.Time
+}
+
+// Unhealthy is the number of selected machines that are not healthy.
+func (p Plan) Unhealthy() int { return p.Expected - p.Healthy }
+
+// Decide judges each machine at time now and decides what to remediate. It
+// returns an error only for a maxUnhealthy it cannot read; then nothing may
+// be remediated.
+func Decide(spec Spec, machines []Machine, now time.Time) (Plan, error) {
+	plan := Plan{Machines: make([]Verdict, len(machines)), Expected: len(machines)}
+	for i := range machines {
+		v, next := judge(spec, &machines[i], now)
+		plan.Machines[i] = v
+		if v.Healthy {
+			plan.Healthy++
+		}
+		if !next.IsZero() && (plan.RequeueAt.IsZero() || next.Before(plan.RequeueAt)) {
+			plan.RequeueAt = next
+		}
+	}
+	limit, err := MaxUnhealthy(spec.MaxUnhealthy, plan.Expected)
+	if err != nil {
+		return plan, err
+	}
+	plan.MaxUnhealthy = limit
+	// As upstream Cluster API: remediation goes on while at most
+	// maxUnhealthy machines are unhealthy, the limit included.
+	plan.Allowed = plan.Unhealthy() <= limit
+	plan.RemediationsAllowed = max(limit-plan.Unhealthy(), 0)
+	if !plan.Allowed {
+		return plan, nil
+	}
+	for i := range plan.Machines {
+		v, m := &plan.Machines[i], &machines[i]
+		switch {
+		case v.Healthy || m.Deleting:
+			// A machine being deleted is not remediated again: it is
+			// already on its way out, and its set has counted it.
+		case m.ControlPlane:
+			v.Action = MarkOnly
+			v.Message += "; control-plane machines are not remediated yet (their replacement must keep etcd's quorum): check etcd, then replace the machine by hand"
+		case !m.OwnedBySet:
+			v.Action = MarkOnly
+			v.Message += "; no MachineSet owns the machine, so nothing would replace it: replace it by hand, or delete it"
+		default:
+			v.Action = Remediate
+		}
+	}
+	return plan, nil
+}
+
+// judge decides whether one machine is healthy now, and when its verdict may
+// change on its own (a timeout yet to expire; zero when none).
+func judge(spec Spec, m *Machine, now time.Time) (Verdict, time.Time) {
+	v := Verdict{Name: m.Name}
+	unhealthy := func(reason, format string, args ...any) (Verdict, time.Time) {
+		v.Reason, v.Message = reason, fmt.Sprintf(format, args...)
+		return v, time.Time{}
+	}
+	switch {
+	case m.Deleting:
+		return unhealthy(clusterv1.DeletingReason, "the machine is being deleted")
+	case m.Failed:
+		msg := m.FailureMessage
+		if msg == "" {
+			msg = "no failure message"
+		}
+		return unhealthy(clusterv1.MachineFailedReason, "the machine is Failed: %s", msg)
+	case m.Node == nil && m.HadNode:
+		return unhealthy(clusterv1.MachineNodeDeletedReason, "the machine's Node was deleted from the workload cluster")
+	case m.Node == nil:
+		if spec.NodeStartupTimeout <= 0 {
+			v.Healthy = true
+			return v, time.Time{}
+		}
+		deadline := m.Started.Add(spec.NodeStartupTimeout)
+		if !now.Before(deadline) {
+			return unhealthy(clusterv1.MachineNodeStartupTimeoutReason,
+				"no Node registered within nodeStartupTimeout (%s) of the machine starting at %s",
+				spec.NodeStartupTimeout, m.Started.UTC().Format(time.RFC3339))
+		}
+		v.Healthy = true
+		return v, deadline
+	}
+	var next time.Time
+	for _, c := range spec.Conditions {
+		nc := nodeCondition(m.Node, c.Type)
+		if nc == nil || nc.Status != c.Status {
+			continue
+		}
+		since := nc.LastTransitionTime.Time
+		deadline := since.Add(c.Timeout)
+		if !now.Before(deadline) {
+			return unhealthy(clusterv1.MachineUnhealthyNodeConditionReason,
+				"Node %s has had %s=%s for %s, longer than the timeout (%s)",
+				m.Node.Name, c.Type, c.Status, now.Sub(since).Round(time.Second), c.Timeout)
+		}
+		if next.IsZero() || deadline.Before(next) {
+			next = deadline
+		}
+	}
+	v.Healthy = true
+	return v, next
+}
+
+func nodeCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == t {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// MaxUnhealthy turns spec.maxUnhealthy into a number of machines out of
+// expected: a number stands for itself, a percentage is rounded down (40%
+// of 6 machines is 2), as upstream Cluster API does; nil means 100%. A
+// negative number or a percentage outside 0%..100% is an error.
+func MaxUnhealthy(v *intstr.IntOrString, expected int) (int, error) {
+	if v == nil {
+		return expected, nil
+	}
+	if v.Type == intstr.Int {
+		if v.IntVal < 0 {
+			return 0, fmt.Errorf("maxUnhealthy %d is negative: use a number of machines from 0 or a percentage like 40%%", v.IntVal)
+		}
+		return int(v.IntVal), nil
+	}
+	s, ok := strings.CutSuffix(v.StrVal, "%")
+	pct, err := strconv.Atoi(s)
+	if !ok || err != nil || pct < 0 || pct > 100 {
+		return 0, fmt.Errorf("maxUnhealthy %q is neither a number of machines nor a percentage from 0%% to 100%%", v.StrVal)
+	}
+	return pct * expected / 100, nil // integer division rounds down
+}
