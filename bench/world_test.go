@@ -66,7 +66,9 @@ func startWorld(b *testing.B) *world {
 	kubeconfig := filepath.Join(tmp, "mgmt.kubeconfig")
 	must(b, os.WriteFile(kubeconfig, w.mgmt.Kubeconfig, 0o600))
 	w.ctl = exec.Command(w.marina, "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
-		"--local-provider-dir", w.sandboxes, "--metrics-bind-address=0", "--health-probe-bind-address=0")
+		"--local-provider-dir", w.sandboxes, "--metrics-bind-address=0", "--health-probe-bind-address=0",
+		// The benchmark measures the controllers; its API server calls no webhook.
+		"--webhook-port=0")
 	w.logFile, err = os.Create(filepath.Join(tmp, "controller.log"))
 	must(b, err)
 	w.ctl.Stdout, w.ctl.Stderr = w.logFile, w.logFile

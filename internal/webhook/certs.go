@@ -133,7 +133,7 @@ func fill(secret *corev1.Secret, ca, serving *pki.KeyPair) error {
 func injectCABundle(ctx context.Context, c client.Client, caPEM []byte) error {
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	if err := c.Get(ctx, types.NamespacedName{Name: ConfigurationName}, cfg); err != nil {
-		return fmt.Errorf("reading ValidatingWebhookConfiguration %s (installed by kubectl apply -k config/default): %w", ConfigurationName, err)
+		return fmt.Errorf("reading ValidatingWebhookConfiguration %s: %w; install it with kubectl apply -k config/default, or run with --webhook-port=0 to serve no webhook", ConfigurationName, err)
 	}
 	changed := false
 	for i := range cfg.Webhooks {
