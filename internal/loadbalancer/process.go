@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/flock"
 )
 
 // ErrRunning says a balancer already runs in the directory: it holds the
@@ -23,64 +24,18 @@ var ErrRunning = errors.New("a load balancer already runs in this directory")
 // IsRunning reports whether err says a balancer already runs.
 func IsRunning(err error) bool { return errors.Is(err, ErrRunning) }
 
-// lockDir takes dir's lock and returns the open lock file: the lock lasts
-// until the file is closed or the process ends, however it ends, so "the
-// lock is held" means "a balancer runs", whatever happened to PIDs in
-// between. Running probes the lock by taking it shared for an instant;
-// lockDir therefore retries for up to wait before giving up.
+// lockDir takes dir's lock (see package flock): a second balancer for the
+// directory gets an error wrapping ErrRunning after wait.
 func lockDir(dir string, wait time.Duration) (*os.File, error) {
-	path := filepath.Join(dir, LockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("opening the load balancer's lock: %w", err)
+	f, err := flock.Lock(filepath.Join(dir, LockFile), wait)
+	if errors.Is(err, flock.ErrHeld) {
+		return nil, fmt.Errorf("%w (%v)", ErrRunning, err)
 	}
-	deadline := time.Now().Add(wait)
-	for {
-		err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return f, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("locking %s: %w", path, err)
-		}
-		if time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("locking %s: %w", path, ErrRunning)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return f, err
 }
 
 // Running reports whether a balancer runs in dir: whether its lock is held.
-func Running(dir string) (bool, error) {
-	f, err := os.Open(filepath.Join(dir, LockFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("probing the load balancer's lock: %w", err)
-	}
-	defer f.Close()
-	// Shared, so that concurrent probes do not see each other as balancers.
-	switch err := flock(f, syscall.LOCK_SH|syscall.LOCK_NB); {
-	case err == nil:
-		return false, nil // closing the file releases it
-	case errors.Is(err, syscall.EWOULDBLOCK):
-		return true, nil
-	default:
-		return false, fmt.Errorf("probing the load balancer's lock in %s: %w", dir, err)
-	}
-}
-
-func flock(f *os.File, how int) error {
-	for {
-		err := syscall.Flock(int(f.Fd()), how)
-		if !errors.Is(err, syscall.EINTR) {
-			return err
-		}
-	}
-}
+func Running(dir string) (bool, error) { return flock.Held(filepath.Join(dir, LockFile)) }
 
 // Address returns the address the balancer of dir listens on, once it
 // listens.
