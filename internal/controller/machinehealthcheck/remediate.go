@@ -1,0 +1,196 @@
+package machinehealthcheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/health"
+)
+
+// mark writes each machine's verdict: its HealthCheckSucceeded condition,
+// and the remediation-reason annotation on those to be remediated or only
+// marked. Machines being deleted keep the marks they have.
+func (r *Reconciler) mark(ctx context.Context, s *scope) error {
+	if s.planErr != nil {
+		return nil // nothing is known to be worth a mark
+	}
+	var errs []error
+	for i, m := range s.machines {
+		v := s.plan.Machines[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if err := r.markOne(ctx, s, m, v); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Reconciler) markOne(ctx context.Context, s *scope, m *clusterv1.Machine, v health.Verdict) error {
+	want := metav1.Condition{
+		Type:    clusterv1.MachineHealthCheckSucceededCondition,
+		Status:  metav1.ConditionTrue,
+		Reason:  clusterv1.MachineHealthyReason,
+		Message: fmt.Sprintf("healthy by the rules of MachineHealthCheck %s", s.mhc.Name),
+	}
+	var annotation string
+	if !v.Healthy {
+		want.Status, want.Reason, want.Message = metav1.ConditionFalse, v.Reason, v.Message
+		switch {
+		case v.Action != health.None:
+			annotation = v.Reason + ": " + v.Message
+		case !s.plan.Allowed:
+			want.Message += "; " + shortCircuitMessage(s)
+		}
+	}
+	if err := r.annotate(ctx, s, m, v, annotation); err != nil {
+		return err
+	}
+	return r.setMachineCondition(ctx, m, want)
+}
+
+// annotate puts the remediation reason on the machine (or removes it from a
+// healthy one) and, on a machine about to be remediated, bounds its drain.
+func (r *Reconciler) annotate(ctx context.Context, s *scope, m *clusterv1.Machine, v health.Verdict, reason string) error {
+	patched := m.DeepCopy()
+	if reason == "" {
+		if v.Healthy {
+			delete(patched.Annotations, clusterv1.RemediationReasonAnnotation)
+		}
+	} else {
+		if patched.Annotations == nil {
+			patched.Annotations = map[string]string{}
+		}
+		patched.Annotations[clusterv1.RemediationReasonAnnotation] = reason
+	}
+	if v.Action == health.Remediate {
+		i := indexOf(s.machines, m)
+		if !nodeReachable(s.facts[i].Node) {
+			// No kubelet would confirm an evicted pod gone: skip the drain.
+			// The Node object goes with the machine, and the pod garbage
+			// collector then removes its pods, which their controllers
+			// recreate elsewhere.
+			patched.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = "unreachable node of a machine remediated by MachineHealthCheck " + s.mhc.Name
+		} else if patched.Spec.NodeDrainTimeout == nil {
+			patched.Spec.NodeDrainTimeout = &metav1.Duration{Duration: r.opts.DrainTimeout}
+		}
+	}
+	if equalStrings(m.Annotations, patched.Annotations) && equalDuration(m.Spec.NodeDrainTimeout, patched.Spec.NodeDrainTimeout) {
+		return nil
+	}
+	if err := r.client.Patch(ctx, patched, client.MergeFrom(m)); err != nil {
+		return fmt.Errorf("marking machine %s: %w", m.Name, client.IgnoreNotFound(err))
+	}
+	*m = *patched
+	return nil
+}
+
+// setMachineCondition writes the machine's HealthCheckSucceeded condition
+// when it changed. The machine controller writes the other conditions of
+// the same list, so the write is guarded by the resourceVersion and retried
+// on a fresh copy rather than overwriting theirs.
+func (r *Reconciler) setMachineCondition(ctx context.Context, m *clusterv1.Machine, want metav1.Condition) error {
+	changed := func(m *clusterv1.Machine) bool {
+		have := meta.FindStatusCondition(m.Status.Conditions, want.Type)
+		return have == nil || have.Status != want.Status || have.Reason != want.Reason || have.Message != want.Message
+	}
+	if !changed(m) {
+		return nil
+	}
+	current := m.DeepCopy()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !changed(current) {
+			return nil
+		}
+		patched := current.DeepCopy()
+		c := want
+		c.ObservedGeneration = current.Generation
+		meta.SetStatusCondition(&patched.Status.Conditions, c)
+		err := r.client.Status().Patch(ctx, patched, client.MergeFromWithOptions(current, client.MergeFromWithOptimisticLock{}))
+		if apierrors.IsConflict(err) {
+			if getErr := r.client.Get(ctx, client.ObjectKeyFromObject(current), current); getErr != nil {
+				return getErr
+			}
+		}
+		return err
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("writing the health condition of machine %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// remediate deletes the machines the plan remediates. Their sets replace
+// them; the machine controller drains them, bounded (see annotate).
+func (r *Reconciler) remediate(ctx context.Context, s *scope) error {
+	if s.planErr != nil || !s.plan.Allowed {
+		return nil
+	}
+	if r.crashed("before-delete") {
+		return errCrash
+	}
+	log := ctrl.LoggerFrom(ctx)
+	var errs []error
+	for i, m := range s.machines {
+		v := s.plan.Machines[i]
+		if v.Action != health.Remediate {
+			continue
+		}
+		// The UID precondition keeps a stale read from deleting a new
+		// machine that took the old one's name.
+		err := r.client.Delete(ctx, m, client.Preconditions{UID: &m.UID})
+		switch {
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			continue // already gone, or another machine by now
+		case err != nil:
+			errs = append(errs, fmt.Errorf("deleting unhealthy machine %s: %w", m.Name, err))
+			continue
+		}
+		log.Info("Remediating unhealthy machine", "machine", klog.KObj(m), "reason", v.Reason, "message", v.Message)
+		r.recorder.Eventf(m, s.mhc, corev1.EventTypeNormal, "Remediated", "Delete",
+			"deleted by MachineHealthCheck %s so that its MachineSet replaces it: %s", s.mhc.Name, v.Message)
+		r.recorder.Eventf(s.mhc, m, corev1.EventTypeNormal, "Remediated", "Delete",
+			"deleted unhealthy machine %s so that its MachineSet replaces it: %s", m.Name, v.Message)
+		if r.crashed("after-delete") {
+			return errCrash
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func indexOf(machines []*clusterv1.Machine, m *clusterv1.Machine) int {
+	for i := range machines {
+		if machines[i].UID == m.UID {
+			return i
+		}
+	}
+	return -1
+}
+
+func equalStrings(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func equalDuration(a, b *metav1.Duration) bool {
+	return (a == nil) == (b == nil) && (a == nil || a.Duration == b.Duration)
+}

@@ -1,0 +1,80 @@
+package machinehealthcheck
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+)
+
+// setStatus computes the check's status from the pass, and records an event
+// when remediation stops for too many unhealthy machines.
+func (r *Reconciler) setStatus(_ context.Context, before *clusterv1.MachineHealthCheck, s *scope) {
+	st := &s.mhc.Status
+	st.ObservedGeneration = s.mhc.Generation
+	if s.decided {
+		st.ExpectedMachines = int32(s.plan.Expected)
+		st.CurrentHealthy = int32(s.plan.Healthy)
+		st.RemediationsAllowed = int32(s.plan.RemediationsAllowed)
+	} else if s.machines != nil || s.blocked {
+		// The machines are known but not their health: keep the last
+		// counts, and allow nothing.
+		st.RemediationsAllowed = 0
+		if s.machines != nil {
+			st.ExpectedMachines = int32(len(s.machines))
+		}
+	}
+	setRemediationAllowedCondition(s)
+
+	was := meta.FindStatusCondition(before.Status.Conditions, clusterv1.RemediationAllowedCondition)
+	now := meta.FindStatusCondition(st.Conditions, clusterv1.RemediationAllowedCondition)
+	if now.Reason == clusterv1.TooManyUnhealthyReason && (was == nil || was.Reason != clusterv1.TooManyUnhealthyReason) {
+		r.recorder.Eventf(s.mhc, nil, corev1.EventTypeWarning, clusterv1.TooManyUnhealthyReason, "Remediate", "%s", now.Message)
+	}
+}
+
+// setRemediationAllowedCondition says whether the check may remediate now,
+// and if not, why.
+func setRemediationAllowedCondition(s *scope) {
+	set := func(status metav1.ConditionStatus, reason, message string) {
+		meta.SetStatusCondition(&s.mhc.Status.Conditions, metav1.Condition{
+			Type:               clusterv1.RemediationAllowedCondition,
+			Status:             status,
+			Reason:             reason,
+			Message:            message,
+			ObservedGeneration: s.mhc.Generation,
+		})
+	}
+	switch {
+	case s.blocked:
+		set(metav1.ConditionFalse, s.reason, s.message)
+	case s.planErr != nil:
+		set(metav1.ConditionFalse, clusterv1.InvalidMaxUnhealthyReason, s.planErr.Error()+": nothing is remediated until spec.maxUnhealthy is fixed")
+	case s.plan.Expected == 0:
+		set(metav1.ConditionTrue, clusterv1.NoMachinesSelectedReason, fmt.Sprintf(
+			"spec.selector %s matches no machine of cluster %s: check it against the machines' labels", metav1.FormatLabelSelector(&s.mhc.Spec.Selector), s.mhc.Spec.ClusterName))
+	case !s.plan.Allowed:
+		set(metav1.ConditionFalse, clusterv1.TooManyUnhealthyReason, shortCircuitMessage(s)+
+			": look for a common cause (network, workload control plane) before raising spec.maxUnhealthy")
+	default:
+		set(metav1.ConditionTrue, clusterv1.RemediationAllowedReason, fmt.Sprintf(
+			"%d of %d machines are unhealthy, within maxUnhealthy (%d): %d more may be remediated",
+			s.plan.Unhealthy(), s.plan.Expected, s.plan.MaxUnhealthy, s.plan.RemediationsAllowed))
+	}
+}
+
+func shortCircuitMessage(s *scope) string {
+	return fmt.Sprintf("remediation stopped: %d of %d machines are unhealthy, more than maxUnhealthy (%s, %d machines) allows",
+		s.plan.Unhealthy(), s.plan.Expected, maxUnhealthyString(s.mhc), s.plan.MaxUnhealthy)
+}
+
+func maxUnhealthyString(mhc *clusterv1.MachineHealthCheck) string {
+	if mhc.Spec.MaxUnhealthy == nil {
+		return "100%"
+	}
+	return mhc.Spec.MaxUnhealthy.String()
+}
