@@ -15,6 +15,7 @@ import (
 
 	"marina.dev/marina/internal/controller/machine"
 	"marina.dev/marina/internal/controller/machinedeployment"
+	"marina.dev/marina/internal/controller/machinehealthcheck"
 	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/webhook"
@@ -122,6 +123,9 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.
 		return err
 	}
 	if _, err := machinedeployment.SetupWithManager(mgr, machinedeployment.Options{MaxConcurrentReconciles: 4}); err != nil {
+		return err
+	}
+	if _, err := machinehealthcheck.SetupWithManager(ctx, mgr, machinehealthcheck.Options{MaxConcurrentReconciles: 2}); err != nil {
 		return err
 	}
 	return nil
