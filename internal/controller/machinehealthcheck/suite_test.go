@@ -229,4 +229,3 @@ func hasEvent(t *testing.T, ns, reason, part string) error {
 	}
 	return fmt.Errorf("no %s event mentioning %q among %q", reason, part, all)
 }
-
