@@ -27,18 +27,18 @@ func (r *Reconciler) mark(ctx context.Context, s *scope) error {
 	}
 	var errs []error
 	for i, m := range s.machines {
-		v := s.plan.Machines[i]
 		if !m.DeletionTimestamp.IsZero() {
 			continue
 		}
-		if err := r.markOne(ctx, s, m, v); err != nil {
+		if err := r.markOne(ctx, s, i); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (r *Reconciler) markOne(ctx context.Context, s *scope, m *clusterv1.Machine, v health.Verdict) error {
+func (r *Reconciler) markOne(ctx context.Context, s *scope, i int) error {
+	m, v := s.machines[i], s.plan.Machines[i]
 	want := metav1.Condition{
 		Type:    clusterv1.MachineHealthCheckSucceededCondition,
 		Status:  metav1.ConditionTrue,
@@ -55,7 +55,7 @@ func (r *Reconciler) markOne(ctx context.Context, s *scope, m *clusterv1.Machine
 			want.Message += "; " + shortCircuitMessage(s)
 		}
 	}
-	if err := r.annotate(ctx, s, m, v, annotation); err != nil {
+	if err := r.annotate(ctx, s, i, annotation); err != nil {
 		return err
 	}
 	return r.setMachineCondition(ctx, m, want)
@@ -63,7 +63,8 @@ func (r *Reconciler) markOne(ctx context.Context, s *scope, m *clusterv1.Machine
 
 // annotate puts the remediation reason on the machine (or removes it from a
 // healthy one) and, on a machine about to be remediated, bounds its drain.
-func (r *Reconciler) annotate(ctx context.Context, s *scope, m *clusterv1.Machine, v health.Verdict, reason string) error {
+func (r *Reconciler) annotate(ctx context.Context, s *scope, i int, reason string) error {
+	m, v := s.machines[i], s.plan.Machines[i]
 	patched := m.DeepCopy()
 	if reason == "" {
 		if v.Healthy {
@@ -76,7 +77,6 @@ func (r *Reconciler) annotate(ctx context.Context, s *scope, m *clusterv1.Machin
 		patched.Annotations[clusterv1.RemediationReasonAnnotation] = reason
 	}
 	if v.Action == health.Remediate {
-		i := indexOf(s.machines, m)
 		if !nodeReachable(s.facts[i].Node) {
 			// No kubelet would confirm an evicted pod gone: skip the drain.
 			// The Node object goes with the machine, and the pod garbage
@@ -168,15 +168,6 @@ func (r *Reconciler) remediate(ctx context.Context, s *scope) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func indexOf(machines []*clusterv1.Machine, m *clusterv1.Machine) int {
-	for i := range machines {
-		if machines[i].UID == m.UID {
-			return i
-		}
-	}
-	return -1
 }
 
 func equalStrings(a, b map[string]string) bool {

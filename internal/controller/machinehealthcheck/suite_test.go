@@ -37,11 +37,11 @@ func TestMain(m *testing.M) {
 
 // startNodeLifecycle runs the real node lifecycle controller on the
 // workload cluster, so a Node whose agent is killed turns Ready=Unknown. The
-// grace period must outlast the agent's Lease renewal (10s), or healthy
-// Nodes would flap.
+// grace period must outlast the agent's Lease renewal (10s) with a margin
+// for a loaded machine, or healthy Nodes would flap and be remediated.
 func startNodeLifecycle(t *testing.T) {
 	testenv.StartControllerManager(t, workload, []string{"node-lifecycle-controller"},
-		"--node-monitor-grace-period=15s", "--node-monitor-period=1s")
+		"--node-monitor-grace-period=18s", "--node-monitor-period=1s")
 }
 
 // startMachines runs the machine and MachineSet controllers with the

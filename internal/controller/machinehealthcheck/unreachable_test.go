@@ -43,7 +43,18 @@ func TestUnreachableClusterRemediatesNothing(t *testing.T) {
 	}
 	mhc := newCheck(f, nil)
 	create(t, mhc)
+	none := newCheck(f, nil)
+	none.Name, none.Spec.Selector.MatchLabels = "none", map[string]string{"pool": "nobody"}
+	create(t, none)
 	startChecks(f, Options{UnreachableRetry: time.Second})
+
+	testenv.Eventually(t, 20*time.Second, "a check selecting nothing to say so", func() error {
+		c := condition(getCheck(t, none).Status.Conditions, clusterv1.RemediationAllowedCondition)
+		if c == nil || c.Reason != clusterv1.NoMachinesSelectedReason {
+			return fmt.Errorf("condition %+v", c)
+		}
+		return nil
+	})
 
 	testenv.Eventually(t, 30*time.Second, "RemediationAllowed to say the cluster is unreachable", func() error {
 		c := condition(getCheck(t, mhc).Status.Conditions, clusterv1.RemediationAllowedCondition)
