@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,6 +18,10 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/health"
 )
+
+// skipDrainNote starts the value of the exclude-node-draining annotation a
+// health check sets, so that it can tell its own from a person's.
+const skipDrainNote = "node not Ready; machine remediated by MachineHealthCheck "
 
 // mark writes each machine's verdict: its HealthCheckSucceeded condition,
 // and the remediation-reason annotation on those to be remediated or only
@@ -69,6 +74,11 @@ func (r *Reconciler) annotate(ctx context.Context, s *scope, i int, reason strin
 	if reason == "" {
 		if v.Healthy {
 			delete(patched.Annotations, clusterv1.RemediationReasonAnnotation)
+			// A machine that recovered between its mark and its deletion (a
+			// crash in between) drains as usual again.
+			if strings.HasPrefix(patched.Annotations[clusterv1.ExcludeNodeDrainingAnnotation], skipDrainNote) {
+				delete(patched.Annotations, clusterv1.ExcludeNodeDrainingAnnotation)
+			}
 		}
 	} else {
 		if patched.Annotations == nil {
@@ -82,7 +92,7 @@ func (r *Reconciler) annotate(ctx context.Context, s *scope, i int, reason strin
 			// The Node object goes with the machine, and the pod garbage
 			// collector then removes its pods, which their controllers
 			// recreate elsewhere.
-			patched.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = "unreachable node of a machine remediated by MachineHealthCheck " + s.mhc.Name
+			patched.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = skipDrainNote + s.mhc.Name
 		} else if patched.Spec.NodeDrainTimeout == nil {
 			patched.Spec.NodeDrainTimeout = &metav1.Duration{Duration: r.opts.DrainTimeout}
 		}
