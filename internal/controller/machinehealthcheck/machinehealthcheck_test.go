@@ -9,12 +9,15 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/internal/testenv/localenv"
+	"marina.dev/marina/provider"
 )
 
 // A worker whose agent is killed is found unhealthy once its Node has been
@@ -145,7 +148,7 @@ func TestDeadWorkerIsReplacedAndLoneMachineOnlyMarked(t *testing.T) {
 
 // A storm: 3 of 5 workers die at once with maxUnhealthy 40% (2 of 5):
 // nothing is remediated, RemediationAllowed is False with the counts, and
-// an event says so.
+// an event says so. Healed, all 5 are healthy and none was deleted.
 func TestStormShortCircuits(t *testing.T) {
 	startNodeLifecycle(t)
 	f := suite.NewFixture(t)
@@ -184,12 +187,7 @@ func TestStormShortCircuits(t *testing.T) {
 		}
 		return nil
 	})
-	patched := getCheck(t, mhc)
-	orig := patched.DeepCopy()
-	delete(patched.Annotations, clusterv1.PausedAnnotation)
-	if err := mgmt.Client.Patch(context.Background(), patched, client.MergeFrom(orig)); err != nil {
-		t.Fatal(err)
-	}
+	setPaused(t, mhc, false)
 
 	testenv.Eventually(t, 30*time.Second, "remediation to stop with the counts", func() error {
 		st := getCheck(t, mhc).Status
@@ -228,6 +226,74 @@ func TestStormShortCircuits(t *testing.T) {
 			if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "remediation stopped") {
 				return fmt.Errorf("%s: %+v", m.Name, c)
 			}
+		}
+		return nil
+	})
+
+	// Heal them: the provider starts their agents again, as it would a
+	// machine that rebooted. Everything is healthy, and nothing was deleted.
+	// The check is paused meanwhile: the Nodes turn Ready one by one, and
+	// once only 2 are left unhealthy, within the limit, the check would
+	// rightly remediate them.
+	setPaused(t, mhc, true)
+	for i := range dead {
+		m := &dead[i]
+		_, err := f.Provider.Create(context.Background(), &provider.Request{
+			UID: m.UID, Namespace: m.Namespace, Name: m.Name, Machine: m.Spec, ProviderSpec: []byte(localenv.LocalMachineBlob),
+		})
+		if err != nil {
+			t.Fatalf("restarting the agent of %s: %v", m.Name, err)
+		}
+	}
+	testenv.Eventually(t, 45*time.Second, "the healed Nodes to be Ready", func() error {
+		for i := range dead {
+			if n := nodeReady(t, &dead[i]); n != corev1.ConditionTrue {
+				return fmt.Errorf("node of %s is Ready=%s", dead[i].Name, n)
+			}
+		}
+		return nil
+	})
+	setPaused(t, mhc, false)
+	testenv.Eventually(t, 30*time.Second, "the healed machines to be healthy again", func() error {
+		st := getCheck(t, mhc).Status
+		c := condition(st.Conditions, clusterv1.RemediationAllowedCondition)
+		if st.CurrentHealthy != 5 || c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("status %+v", st)
+		}
+		return nil
+	})
+	after := machinesIn(t, f.NS)
+	for _, m := range after {
+		if _, ok := machines[m.Name]; !ok || !m.DeletionTimestamp.IsZero() {
+			t.Errorf("machine %s is new or being deleted after the storm healed", m.Name)
+		}
+	}
+	if len(after) != 5 {
+		t.Errorf("%d machines after the storm healed, want the same 5", len(after))
+	}
+}
+
+func setPaused(t *testing.T, mhc *clusterv1.MachineHealthCheck, paused bool) {
+	t.Helper()
+	patched := getCheck(t, mhc)
+	orig := patched.DeepCopy()
+	if paused {
+		if patched.Annotations == nil {
+			patched.Annotations = map[string]string{}
+		}
+		patched.Annotations[clusterv1.PausedAnnotation] = ""
+	} else {
+		delete(patched.Annotations, clusterv1.PausedAnnotation)
+	}
+	if err := mgmt.Client.Patch(context.Background(), patched, client.MergeFrom(orig)); err != nil {
+		t.Fatal(err)
+	}
+	// A pass that started before the pause may still be running; wait for
+	// the condition, which a pass writes last.
+	testenv.Eventually(t, 10*time.Second, "the check to see the pause change", func() error {
+		c := condition(getCheck(t, mhc).Status.Conditions, clusterv1.RemediationAllowedCondition)
+		if c == nil || (c.Reason == clusterv1.PausedReason) != paused {
+			return fmt.Errorf("condition %+v", c)
 		}
 		return nil
 	})

@@ -196,6 +196,21 @@ func nodeUnknownSince(t *testing.T, m *clusterv1.Machine) time.Time {
 	return time.Time{}
 }
 
+// nodeReady returns the status of the machine's Node's Ready condition.
+func nodeReady(t *testing.T, m *clusterv1.Machine) corev1.ConditionStatus {
+	t.Helper()
+	n := &corev1.Node{}
+	if err := workload.Client.Get(context.Background(), types.NamespacedName{Name: m.Status.NodeRef.Name}, n); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return corev1.ConditionUnknown
+}
+
 func condition(conds []metav1.Condition, t string) *metav1.Condition {
 	return meta.FindStatusCondition(conds, t)
 }
