@@ -78,7 +78,49 @@ type Bootstrap struct {
 	CAData []byte
 	// Token is the credential the machine's agent uses to register its Node.
 	// It is secret: providers store it with mode 0600 and never log it.
+	// Empty on a control-plane machine, which makes its own credential.
 	Token string
+	// ControlPlane is set, instead of Server, CAData and Token, for a
+	// machine with the ControlPlane role: a document the machine's agent
+	// reads to make its certificates and run etcd, kube-apiserver,
+	// kube-controller-manager and kube-scheduler (internal/bootstrap.Config,
+	// JSON). It holds the cluster's CA keys, as a kubeadm control-plane node
+	// does: providers put it on the machine with mode 0600, never in an
+	// argument, a log or a status, and it is the same for every provider.
+	ControlPlane []byte
+}
+
+// EndpointProvider is implemented by a provider that can make a cluster's
+// control-plane endpoint: one stable address in front of every healthy API
+// server of the cluster (a cloud's load balancer; on the local provider a
+// balancer process). A provider without it needs the user to set
+// spec.controlPlaneEndpoint.
+type EndpointProvider interface {
+	// EnsureEndpoint makes the endpoint of req.UID's cluster if it does not
+	// exist, points it at req.Backends, and returns its address. Like
+	// Create it is keyed by the UID and may be called any number of times.
+	EnsureEndpoint(ctx context.Context, req *EndpointRequest) (host string, port int32, err error)
+	// DeleteEndpoint removes the endpoint of the cluster with uid; nil when
+	// it is already gone.
+	DeleteEndpoint(ctx context.Context, uid types.UID) error
+}
+
+// EndpointRequest is what a provider needs to make and update a cluster's
+// control-plane endpoint.
+type EndpointRequest struct {
+	// UID is the Cluster's UID: the idempotency key.
+	UID types.UID
+	// Namespace and Name of the Cluster, for naming and logs.
+	Namespace, Name string
+	// Backends are the API servers, host:port, that should get traffic when
+	// their /readyz answers ok; empty while the first one is being made.
+	Backends []string
+	// CAData verifies the API servers' serving certificates (PEM).
+	CAData []byte
+	// ClientCert and ClientKey (PEM) authenticate the endpoint's health
+	// checks to the API servers. ClientKey is secret: stored 0600, never
+	// logged.
+	ClientCert, ClientKey []byte
 }
 
 // InstanceState is the provider's view of a machine's life.
