@@ -14,6 +14,9 @@ const (
 	MachineClusterUnreachableReason = "ClusterUnreachable"
 	// MachineDrainSkippedReason: draining was skipped on request.
 	MachineDrainSkippedReason = "DrainSkipped"
+	// MachineWaitingForHookReason: the machine is being deleted and waits
+	// for a pre-terminate hook (PreTerminateHookPrefix) to be removed.
+	MachineWaitingForHookReason = "WaitingForPreTerminateHook"
 
 	// ExcludeNodeDrainingAnnotation on a Machine skips draining its Node
 	// before deletion (for a Node that is already gone or must go now).
@@ -32,3 +35,29 @@ const (
 // machine stays with its provider even if its MachineClass is deleted. Set
 // by the machine controller; do not edit.
 const ProviderKindAnnotation = "cluster.marina.dev/provider-kind"
+
+// Labels and annotations of control-plane machines (issue: clusters).
+const (
+	// ControlPlaneLabel marks the Machines a Cluster's control plane made
+	// from spec.controlPlane.
+	ControlPlaneLabel = GroupName + "/control-plane"
+
+	// EtcdInitAnnotation marks the control-plane machine that starts a new
+	// stacked etcd cluster (the cluster's first); every other one joins the
+	// running members. Set once, at creation, by the control plane.
+	EtcdInitAnnotation = GroupName + "/etcd-init"
+
+	// ControlPlaneVersionsAnnotation is kept on a control-plane machine's
+	// Node by its agent: the JSON of ComponentVersions, the versions its
+	// components actually run (read from the components), which the machine
+	// controller copies into status.versions.controlPlane.
+	ControlPlaneVersionsAnnotation = GroupName + "/control-plane-versions"
+
+	// PreTerminateHookPrefix: while a Machine being deleted has an
+	// annotation with this prefix, the machine controller drains its Node
+	// but does not delete the real machine. The control plane uses one to
+	// remove a machine's etcd member first (M14); the suffix names the hook.
+	PreTerminateHookPrefix = "pre-terminate.delete.hook.cluster.marina.dev/"
+	// EtcdMemberHook is the control plane's pre-terminate hook.
+	EtcdMemberHook = PreTerminateHookPrefix + "etcd-member"
+)

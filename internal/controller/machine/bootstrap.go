@@ -2,10 +2,16 @@ package machine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
@@ -20,6 +26,46 @@ const agentTokenTTL = 30 * 24 * time.Hour
 type identityCache struct {
 	mu   sync.Mutex
 	done map[string]bool // keyed by API server URL
+}
+
+// bootstrapFor produces what the machine needs to join its cluster: for a
+// control-plane machine, the control plane's document (it needs no running
+// API server: the first one makes it); for the others, a token of the
+// running cluster. A nil Bootstrap means not yet; the condition says why.
+func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine) (*provider.Bootstrap, ctrl.Result, error) {
+	if hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) && r.opts.ControlPlaneBootstrap != nil {
+		doc, err := r.opts.ControlPlaneBootstrap(ctx, m)
+		if err != nil {
+			setCondition(m, clusterv1.MachineProvisionedCondition, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
+				fmt.Sprintf("waiting for the control plane's configuration (retrying): %v", err))
+			setReady(m)
+			return nil, ctrl.Result{}, fmt.Errorf("control-plane bootstrap: %w", err)
+		}
+		return &provider.Bootstrap{ControlPlane: doc}, ctrl.Result{}, nil
+	}
+	cl, res, err := r.cluster(ctx, m, clusterv1.MachineProvisionedCondition)
+	if cl == nil {
+		return nil, res, err
+	}
+	boot, err := r.bootstrap(ctx, cl)
+	if err != nil {
+		return nil, ctrl.Result{}, err
+	}
+	return &boot, ctrl.Result{}, nil
+}
+
+// controlPlaneVersions are the versions the Node's agent says its
+// components run; nil when it has not said (yet) or said nonsense.
+func controlPlaneVersions(node *corev1.Node) *clusterv1.ComponentVersions {
+	raw, ok := node.Annotations[clusterv1.ControlPlaneVersionsAnnotation]
+	if !ok {
+		return nil
+	}
+	var v clusterv1.ComponentVersions
+	if err := json.Unmarshal([]byte(raw), &v); err != nil {
+		return nil
+	}
+	return &v
 }
 
 // bootstrap produces what a new machine needs to join its cluster: the

@@ -42,6 +42,11 @@ type Options struct {
 	ExternalKinds []schema.GroupVersionKind
 	// MaxConcurrentReconciles bounds parallel reconciles.
 	MaxConcurrentReconciles int
+	// ControlPlaneBootstrap returns the control-plane document
+	// (provider.Bootstrap.ControlPlane) of a machine with the ControlPlane
+	// role. Nil: such machines are bootstrapped as workers, with a token of
+	// a cluster someone else made.
+	ControlPlaneBootstrap func(ctx context.Context, m *clusterv1.Machine) ([]byte, error)
 	// crashAt, in tests only, aborts a reconcile at a named step, as if the
 	// process had been killed there.
 	crashAt func(step string) bool

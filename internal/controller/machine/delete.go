@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,6 +69,11 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 	}
 	if r.crashed("after-drain") {
 		return ctrl.Result{}, errCrash
+	}
+	if hook := preTerminateHook(m); hook != "" {
+		setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineWaitingForHookReason,
+			fmt.Sprintf("waiting for pre-terminate hook %s to be removed before deleting the machine", hook))
+		return ctrl.Result{}, nil // removing the annotation is an update: it brings the machine back
 	}
 	if err := prov.Delete(ctx, m.UID); err != nil {
 		return ctrl.Result{}, fmt.Errorf("deleting machine with provider %s: %w", prov.Name(), err)
@@ -197,4 +203,14 @@ func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote
 		return ctrl.Result{}, true, nil
 	}
 	return ctrl.Result{RequeueAfter: drainRetry}, false, nil
+}
+
+// preTerminateHook names a hook that holds the machine's deletion, if any.
+func preTerminateHook(m *clusterv1.Machine) string {
+	for k := range m.Annotations {
+		if strings.HasPrefix(k, clusterv1.PreTerminateHookPrefix) {
+			return k
+		}
+	}
+	return ""
 }

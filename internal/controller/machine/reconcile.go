@@ -191,19 +191,15 @@ func (r *Reconciler) refuse(m *clusterv1.Machine, reason, msg string) {
 // machine's UID, so a controller killed after Create but before the status
 // write gets the same machine back on the next try, never a second one.
 func (r *Reconciler) provision(ctx context.Context, m *clusterv1.Machine, prov provider.Provider, resolved *class.Resolved) (ctrl.Result, error) {
-	cl, res, err := r.cluster(ctx, m, clusterv1.MachineProvisionedCondition)
-	if cl == nil {
+	boot, res, err := r.bootstrapFor(ctx, m)
+	if boot == nil {
 		return res, err
-	}
-	boot, err := r.bootstrap(ctx, cl)
-	if err != nil {
-		return ctrl.Result{}, err
 	}
 	spec := m.Spec.DeepCopy()
 	spec.Labels, spec.Taints = nodeMetadata(m.Spec.Roles, resolved.Labels, resolved.Taints)
 	inst, err := prov.Create(ctx, &provider.Request{
 		UID: m.UID, Namespace: m.Namespace, Name: m.Name,
-		Machine: *spec, ProviderSpec: resolved.ProviderSpec.Raw, Bootstrap: boot,
+		Machine: *spec, ProviderSpec: resolved.ProviderSpec.Raw, Bootstrap: *boot,
 	})
 	if err != nil {
 		if provider.IsInvalidSpec(err) {
@@ -264,6 +260,9 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 	}
 	m.Status.NodeRef = &clusterv1.NodeReference{Name: node.Name, UID: string(node.UID)}
 	m.Status.Versions.Kubelet = node.Status.NodeInfo.KubeletVersion
+	if hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) {
+		m.Status.Versions.ControlPlane = controlPlaneVersions(node)
+	}
 	setNodeReady(m, node)
 	if resolved == nil {
 		return ctrl.Result{}, nil // the configuration does not resolve: see ProviderSpecResolved
