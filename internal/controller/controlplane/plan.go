@@ -1,0 +1,155 @@
+package controlplane
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Machine is what the planner knows of one control-plane machine.
+type Machine struct {
+	Name string
+	// Ready: its Node is Ready (its agent and API server answer).
+	Ready bool
+	// Deleting: it has a deletion timestamp.
+	Deleting bool
+	// Hook: it still holds the etcd pre-terminate hook.
+	Hook bool
+	// Made: the provider made it (it has an address); one never made has
+	// no etcd member and can go at once.
+	Made bool
+	// Member: the etcd cluster lists a member for it; MemberHealthy: that
+	// member answers.
+	Member, MemberHealthy bool
+}
+
+// Facts are the planner's input: the spec, the machines, and etcd.
+type Facts struct {
+	// Replicas is spec.controlPlane.replicas.
+	Replicas int
+	// Stacked: each machine runs an etcd member marina manages.
+	Stacked bool
+	// Initialized: the first control-plane machine has come up once.
+	Initialized bool
+	// Machines, oldest first.
+	Machines []Machine
+	// Members and HealthyMembers count the stacked etcd's members; both
+	// include members of no machine (left over, or being added).
+	Members, HealthyMembers int
+	// EtcdKnown: the etcd facts were read (false when no member answered).
+	EtcdKnown bool
+}
+
+// Action is what the control plane does next.
+type Action string
+
+// Actions.
+const (
+	// Create a control-plane machine: the first (Init) or one more.
+	Create Action = "Create"
+	// Delete a control-plane machine (scale down).
+	Delete Action = "Delete"
+	// Release the etcd hook of a machine being deleted: remove its member
+	// (if any), then the hook, so that its deletion goes on.
+	Release Action = "Release"
+	// Wait for something to change; Reason says what.
+	Wait Action = "Wait"
+	// Done: the control plane has its replicas.
+	Done Action = "Done"
+)
+
+// Step is the planner's output: one action at a time (M10: one machine at a
+// time, up or down).
+type Step struct {
+	Action  Action
+	Machine string // Delete, Release
+	Init    bool   // Create: the machine starts a new cluster
+	Reason  string // Wait: why, for the conditions
+}
+
+// Plan returns the next step. It is a pure function: the control plane
+// executes the step and plans again from what it then observes, so a
+// restart at any point resumes from the facts, never from memory.
+func Plan(f Facts) Step {
+	for _, m := range f.Machines {
+		if m.Deleting && m.Hook {
+			return release(f, m)
+		}
+	}
+	for _, m := range f.Machines {
+		if m.Deleting {
+			return Step{Action: Wait, Reason: fmt.Sprintf("waiting for control-plane machine %s to be deleted", m.Name)}
+		}
+	}
+	n := len(f.Machines)
+	if !f.Initialized {
+		if n == 0 {
+			return Step{Action: Create, Init: true}
+		}
+		return Step{Action: Wait, Reason: fmt.Sprintf("waiting for the first control-plane machine %s to come up", f.Machines[0].Name)}
+	}
+	if n == 0 {
+		return Step{Action: Wait, Reason: "every control-plane machine is gone: there is no running control plane to join; restore the cluster from a backup"}
+	}
+	if notReady := unready(f.Machines); len(notReady) > 0 && n <= f.Replicas {
+		return Step{Action: Wait, Reason: "waiting for control-plane machines to be ready: " + strings.Join(notReady, ", ")}
+	}
+	if f.Stacked && n <= f.Replicas {
+		if !f.EtcdKnown {
+			return Step{Action: Wait, Reason: "no etcd member answers"}
+		}
+		if f.HealthyMembers < f.Members {
+			return Step{Action: Wait, Reason: fmt.Sprintf("%d of %d etcd members are healthy: no machine is added until all are", f.HealthyMembers, f.Members)}
+		}
+	}
+	switch {
+	case n < f.Replicas:
+		return Step{Action: Create}
+	case n > f.Replicas:
+		return Step{Action: Delete, Machine: victim(f.Machines)}
+	}
+	return Step{Action: Done}
+}
+
+// release lets m's deletion go on when removing its etcd member keeps a
+// quorum of healthy members (M14); otherwise it waits and says why.
+func release(f Facts, m Machine) Step {
+	if !f.Stacked || !m.Made || !m.Member {
+		return Step{Action: Release, Machine: m.Name}
+	}
+	if !f.EtcdKnown {
+		return Step{Action: Wait, Reason: fmt.Sprintf("cannot remove the etcd member of %s: no etcd member answers", m.Name)}
+	}
+	after, healthyAfter := f.Members-1, f.HealthyMembers
+	if m.MemberHealthy {
+		healthyAfter--
+	}
+	if after > 0 && healthyAfter < after/2+1 {
+		return Step{Action: Wait, Reason: fmt.Sprintf(
+			"removing the etcd member of %s would leave %d healthy of %d members, below the quorum of %d: waiting until the other members are healthy",
+			m.Name, healthyAfter, after, after/2+1)}
+	}
+	return Step{Action: Release, Machine: m.Name}
+}
+
+func unready(ms []Machine) []string {
+	var names []string
+	for _, m := range ms {
+		if !m.Ready {
+			names = append(names, m.Name)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// victim is the machine a scale-down removes: one that is not ready (it
+// serves nothing), else the oldest (it has run longest on old settings).
+func victim(ms []Machine) string {
+	for _, m := range ms {
+		if !m.Ready {
+			return m.Name
+		}
+	}
+	return ms[0].Name
+}

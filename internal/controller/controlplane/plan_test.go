@@ -1,0 +1,100 @@
+package controlplane
+
+import (
+	"strings"
+	"testing"
+)
+
+func ready(name string) Machine {
+	return Machine{Name: name, Ready: true, Made: true, Hook: true, Member: true, MemberHealthy: true}
+}
+
+func deleting(m Machine) Machine { m.Deleting = true; return m }
+
+func TestPlan(t *testing.T) {
+	sick := ready("cp-1")
+	sick.Ready, sick.MemberHealthy = false, false
+	neverMade := Machine{Name: "cp-2", Hook: true, Deleting: true}
+	cases := []struct {
+		name   string
+		facts  Facts
+		want   Step
+		reason string // a fragment of Step.Reason
+	}{
+		{name: "a new cluster starts with its first machine",
+			facts: Facts{Replicas: 3, Stacked: true},
+			want:  Step{Action: Create, Init: true}},
+		{name: "the first machine is not up yet: nothing else is made",
+			facts:  Facts{Replicas: 3, Stacked: true, Machines: []Machine{{Name: "cp-0", Made: true}}},
+			want:   Step{Action: Wait},
+			reason: "first control-plane machine cp-0"},
+		{name: "initialized and healthy: one more joins",
+			facts: Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0")}, Members: 1, HealthyMembers: 1, EtcdKnown: true},
+			want:  Step{Action: Create}},
+		{name: "one at a time: the second must be ready before the third",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), {Name: "cp-1", Made: true}}, Members: 2, HealthyMembers: 2, EtcdKnown: true},
+			want:   Step{Action: Wait},
+			reason: "cp-1"},
+		{name: "an unhealthy member stops scale-up",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), ready("cp-1")}, Members: 2, HealthyMembers: 1, EtcdKnown: true},
+			want:   Step{Action: Wait},
+			reason: "1 of 2 etcd members"},
+		{name: "etcd unreachable stops scale-up",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0")}},
+			want:   Step{Action: Wait},
+			reason: "no etcd member answers"},
+		{name: "external etcd needs no etcd facts",
+			facts: Facts{Replicas: 2, Initialized: true, Machines: []Machine{ready("cp-0")}},
+			want:  Step{Action: Create}},
+		{name: "in shape",
+			facts: Facts{Replicas: 1, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0")}, Members: 1, HealthyMembers: 1, EtcdKnown: true},
+			want:  Step{Action: Done}},
+		{name: "scale down removes the oldest ready machine",
+			facts: Facts{Replicas: 1, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), ready("cp-1"), ready("cp-2")}, Members: 3, HealthyMembers: 3, EtcdKnown: true},
+			want:  Step{Action: Delete, Machine: "cp-0"}},
+		{name: "scale down removes an unready machine first",
+			facts: Facts{Replicas: 1, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), sick, ready("cp-2")}, Members: 3, HealthyMembers: 2, EtcdKnown: true},
+			want:  Step{Action: Delete, Machine: "cp-1"}},
+		{name: "a deleted machine's member goes when quorum holds (3 healthy → 2)",
+			facts: Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), deleting(ready("cp-1")), ready("cp-2")}, Members: 3, HealthyMembers: 3, EtcdKnown: true},
+			want:  Step{Action: Release, Machine: "cp-1"}},
+		{name: "a sick member can go even when another is down (3 members, 1 sick being removed)",
+			facts: Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), deleting(sick), ready("cp-2")}, Members: 3, HealthyMembers: 2, EtcdKnown: true},
+			want:  Step{Action: Release, Machine: "cp-1"}},
+		{name: "removing a healthy member while another is sick would lose quorum",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{deleting(ready("cp-0")), sick, ready("cp-2")}, Members: 3, HealthyMembers: 2, EtcdKnown: true},
+			want:   Step{Action: Wait},
+			reason: "below the quorum of 2"},
+		{name: "a machine never made holds no member and goes at once",
+			facts: Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), neverMade}},
+			want:  Step{Action: Release, Machine: "cp-2"}},
+		{name: "the last member may go (the cluster is deleted)",
+			facts: Facts{Replicas: 1, Stacked: true, Initialized: true, Machines: []Machine{deleting(ready("cp-0"))}, Members: 1, HealthyMembers: 1, EtcdKnown: true},
+			want:  Step{Action: Release, Machine: "cp-0"}},
+		{name: "no member answers: a made machine's member cannot be removed",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{deleting(ready("cp-0"))}},
+			want:   Step{Action: Wait},
+			reason: "no etcd member answers"},
+		{name: "a released machine is waited for before anything else",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), {Name: "cp-1", Deleting: true, Made: true}}, Members: 1, HealthyMembers: 1, EtcdKnown: true},
+			want:   Step{Action: Wait},
+			reason: "cp-1 to be deleted"},
+		{name: "every machine gone after initialization: nothing to join",
+			facts:  Facts{Replicas: 1, Stacked: true, Initialized: true},
+			want:   Step{Action: Wait},
+			reason: "no running control plane"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Plan(tc.facts)
+			reason := got.Reason
+			got.Reason = ""
+			if got != tc.want {
+				t.Fatalf("Plan() = %+v (reason %q), want %+v", got, reason, tc.want)
+			}
+			if !strings.Contains(reason, tc.reason) {
+				t.Fatalf("reason %q does not mention %q", reason, tc.reason)
+			}
+		})
+	}
+}
