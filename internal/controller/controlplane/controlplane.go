@@ -1,0 +1,322 @@
+// Package controlplane makes a Cluster's control-plane Machines match
+// spec.controlPlane (M9, M10, M14): the first machine starts the cluster,
+// the others join it one at a time, a machine's etcd member is removed
+// before the machine, and never when that would lose quorum. The cluster
+// controller calls it; it writes Machines and the Cluster's status in
+// memory, never the Cluster itself.
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/clusterpki"
+)
+
+// ControlPlane reconciles the control planes of Clusters.
+type ControlPlane struct {
+	// Client writes Machines; Live lists them past the cache, so that a
+	// machine just created is never created twice.
+	Client client.Client
+	Live   client.Reader
+	// Etcd reaches a cluster's etcd.
+	Etcd EtcdDialer
+}
+
+// Result says what the step did, for the cluster controller's conditions.
+type Result struct {
+	// Step is what was planned.
+	Step Step
+	// Machines are the control plane's machines, oldest first.
+	Machines []clusterv1.Machine
+}
+
+// Reconcile takes one step towards spec.controlPlane and updates
+// cluster.Status.ControlPlane and the control-plane conditions in memory.
+func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set) (*Result, error) {
+	machines, err := cp.Machines(ctx, cluster)
+	if err != nil {
+		return nil, err
+	}
+	etcd := cp.observeEtcd(ctx, cluster, set, machines)
+	facts := factsOf(cluster, machines, etcd)
+	if facts.Initialized {
+		setCondition(cluster, clusterv1.ClusterControlPlaneInitializedCondition, metav1.ConditionTrue, clusterv1.ClusterControlPlaneInitializedReason, "")
+	} else {
+		setCondition(cluster, clusterv1.ClusterControlPlaneInitializedCondition, metav1.ConditionFalse, clusterv1.ClusterWaitingForControlPlaneReason,
+			"waiting for the first control-plane machine's Node to be Ready")
+	}
+	setStatus(cluster, machines)
+	setEtcdCondition(cluster, etcd)
+
+	step := Plan(facts)
+	switch step.Action {
+	case Create:
+		err = cp.create(ctx, cluster, machines, step.Init)
+	case Delete:
+		err = cp.deleteMachine(ctx, cluster, step.Machine)
+	case Release:
+		err = cp.release(ctx, cluster, set, machines, step.Machine)
+	}
+	setReadyCondition(cluster, step)
+	return &Result{Step: step, Machines: machines}, err
+}
+
+// Machines lists the control plane's machines, oldest first, from the API
+// server itself.
+func (cp *ControlPlane) Machines(ctx context.Context, cluster *clusterv1.Cluster) ([]clusterv1.Machine, error) {
+	var list clusterv1.MachineList
+	if err := cp.Live.List(ctx, &list, client.InNamespace(cluster.Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}, client.HasLabels{clusterv1.ControlPlaneLabel}); err != nil {
+		return nil, fmt.Errorf("listing the control-plane machines of %s: %w", cluster.Name, err)
+	}
+	ms := slices.DeleteFunc(list.Items, func(m clusterv1.Machine) bool { return m.Spec.ClusterName != cluster.Name })
+	slices.SortFunc(ms, func(a, b clusterv1.Machine) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return ms, nil
+}
+
+func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etcdState) Facts {
+	f := Facts{
+		Replicas:    int(cluster.Spec.ControlPlane.Replicas),
+		Stacked:     stacked(cluster),
+		Initialized: meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ClusterControlPlaneInitializedCondition),
+	}
+	if f.Replicas == 0 {
+		f.Replicas = 1
+	}
+	if etcd.err == nil {
+		f.EtcdKnown, f.Members, f.HealthyMembers = true, len(etcd.members), etcd.healthy()
+	}
+	for i := range machines {
+		m := &machines[i]
+		mf := Machine{
+			Name:     m.Name,
+			Ready:    machineReady(m),
+			Deleting: !m.DeletionTimestamp.IsZero(),
+			Made:     address(m) != "",
+			Hook:     hasHook(m),
+		}
+		if member := etcd.memberOf(m); member != nil {
+			mf.Member, mf.MemberHealthy = true, member.Healthy
+		}
+		f.Initialized = f.Initialized || mf.Ready
+		f.Machines = append(f.Machines, mf)
+	}
+	return f
+}
+
+func stacked(cluster *clusterv1.Cluster) bool {
+	return cluster.Spec.ControlPlane.Etcd.Type != clusterv1.EtcdExternal
+}
+
+func machineReady(m *clusterv1.Machine) bool {
+	return meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineNodeReadyCondition)
+}
+
+func hasHook(m *clusterv1.Machine) bool {
+	_, ok := m.Annotations[clusterv1.EtcdMemberHook]
+	return ok
+}
+
+// address is the machine's InternalIP, empty until the provider made it.
+func address(m *clusterv1.Machine) string {
+	for _, a := range m.Status.Addresses {
+		if a.Type == clusterv1.MachineInternalIP {
+			return a.Address
+		}
+	}
+	return ""
+}
+
+// create makes the next control-plane machine. Its name is the first free
+// <cluster>-cp-<n> among the machines listed live, so that a retry after a
+// crash finds the same name taken (AlreadyExists) instead of making a
+// second machine.
+func (cp *ControlPlane) create(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine, init bool) error {
+	spec := &cluster.Spec.ControlPlane
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: cluster.Namespace,
+			Name:      freeName(cluster.Name, machines),
+			Labels:    map[string]string{clusterv1.ClusterNameLabel: cluster.Name, clusterv1.ControlPlaneLabel: ""},
+		},
+		Spec: clusterv1.MachineSpec{
+			ClusterName: cluster.Name,
+			Roles:       []clusterv1.MachineRole{clusterv1.ControlPlaneRole},
+			Versions:    clusterv1.MachineVersions{Kubelet: spec.Version, ControlPlane: spec.Version},
+			ClassRef:    spec.ClassRef.DeepCopy(),
+		},
+	}
+	if spec.AllowWorkloads {
+		m.Spec.Roles = append(m.Spec.Roles, clusterv1.WorkerRole)
+	}
+	if spec.ProviderSpec != nil {
+		m.Spec.ProviderSpec = &runtime.RawExtension{Raw: append([]byte(nil), spec.ProviderSpec.Raw...)}
+		if len(m.Spec.ProviderSpec.Raw) == 0 && spec.ProviderSpec.Object != nil {
+			m.Spec.ProviderSpec.Object = spec.ProviderSpec.Object.DeepCopyObject()
+		}
+	}
+	annotations := map[string]string{}
+	if stacked(cluster) {
+		annotations[clusterv1.EtcdMemberHook] = ""
+		if init {
+			annotations[clusterv1.EtcdInitAnnotation] = "true"
+		}
+	}
+	if len(annotations) > 0 {
+		m.Annotations = annotations
+	}
+	if err := controllerutil.SetControllerReference(cluster, m, cp.Client.Scheme()); err != nil {
+		return fmt.Errorf("owning machine %s: %w", m.Name, err)
+	}
+	if err := cp.Client.Create(ctx, m); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil // a retry: the next list shows it
+		}
+		return fmt.Errorf("creating control-plane machine %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+func freeName(cluster string, machines []clusterv1.Machine) string {
+	taken := map[string]bool{}
+	for _, m := range machines {
+		taken[m.Name] = true
+	}
+	for i := 0; ; i++ {
+		if name := cluster + "-cp-" + strconv.Itoa(i); !taken[name] {
+			return name
+		}
+	}
+}
+
+func (cp *ControlPlane) deleteMachine(ctx context.Context, cluster *clusterv1.Cluster, name string) error {
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: name}}
+	if err := cp.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting control-plane machine %s: %w", name, err)
+	}
+	return nil
+}
+
+// release removes the etcd member of a machine being deleted, then its
+// hook, so the machine controller deletes the machine. Removing a member
+// that is already gone is a no-op, so a crash between the two is harmless.
+func (cp *ControlPlane) release(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set, machines []clusterv1.Machine, name string) error {
+	i := slices.IndexFunc(machines, func(m clusterv1.Machine) bool { return m.Name == name })
+	if i < 0 {
+		return nil
+	}
+	m := &machines[i]
+	if stacked(cluster) && address(m) != "" {
+		if err := cp.removeMember(ctx, cluster, set, machines, m); err != nil {
+			return err
+		}
+	}
+	return RemoveHook(ctx, cp.Client, m)
+}
+
+// RemoveHook lets the machine controller delete m.
+func RemoveHook(ctx context.Context, c client.Client, m *clusterv1.Machine) error {
+	if !hasHook(m) {
+		return nil
+	}
+	before := m.DeepCopy()
+	delete(m.Annotations, clusterv1.EtcdMemberHook)
+	if err := c.Patch(ctx, m, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("removing the etcd hook of machine %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// setStatus fills status.controlPlane from the machines.
+func setStatus(cluster *clusterv1.Cluster, machines []clusterv1.Machine) {
+	st := &cluster.Status.ControlPlane
+	st.Replicas, st.ReadyReplicas, st.UpdatedReplicas = 0, 0, 0
+	var oldest clusterv1.ComponentVersions
+	for i := range machines {
+		m := &machines[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		st.Replicas++
+		if machineReady(m) {
+			st.ReadyReplicas++
+		}
+		if m.Spec.Versions.ControlPlane == cluster.Spec.ControlPlane.Version {
+			st.UpdatedReplicas++
+		}
+		if v := m.Status.Versions.ControlPlane; v != nil {
+			oldest.APIServer = older(oldest.APIServer, v.APIServer, i == 0)
+			oldest.ControllerManager = older(oldest.ControllerManager, v.ControllerManager, i == 0)
+			oldest.Scheduler = older(oldest.Scheduler, v.Scheduler, i == 0)
+			oldest.Etcd = older(oldest.Etcd, v.Etcd, i == 0)
+		}
+	}
+	st.Components = oldest
+	st.Version = ""
+	if oldest.APIServer != "" && oldest.APIServer == oldest.ControllerManager && oldest.APIServer == oldest.Scheduler {
+		st.Version = oldest.APIServer
+	}
+}
+
+// older keeps the older of two versions; an unknown one ("") wins, as a
+// machine that has not reported may run anything.
+func older(have, v string, first bool) string {
+	if first {
+		return v
+	}
+	if have == "" || v == "" {
+		return ""
+	}
+	if compareVersions(v, have) < 0 {
+		return v
+	}
+	return have
+}
+
+func setReadyCondition(cluster *clusterv1.Cluster, step Step) {
+	st := cluster.Status.ControlPlane
+	want := cluster.Spec.ControlPlane.Replicas
+	if want == 0 {
+		want = 1
+	}
+	switch {
+	case step.Action == Done && st.ReadyReplicas == want:
+		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionTrue, clusterv1.ClusterControlPlaneReadyReason, "")
+	case step.Action == Wait && st.Replicas == want:
+		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionFalse, clusterv1.ClusterControlPlaneUnhealthyReason, step.Reason)
+	default:
+		msg := fmt.Sprintf("%d of %d control-plane machines ready", st.ReadyReplicas, want)
+		if step.Reason != "" {
+			msg += ": " + step.Reason
+		}
+		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionFalse, clusterv1.ClusterControlPlaneScalingReason, msg)
+	}
+}
+
+func setCondition(cluster *clusterv1.Cluster, t string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&cluster.Status.Conditions, metav1.Condition{
+		Type: t, Status: status, Reason: reason, Message: msg, ObservedGeneration: cluster.Generation,
+	})
+}
+
+// etcdTimeout bounds one look at etcd: a member that does not answer
+// within it counts as unhealthy.
+const etcdTimeout = 3 * time.Second
