@@ -150,6 +150,13 @@ const (
 	// ClusterControlPlaneUnhealthyReason: a control-plane component is not
 	// healthy; the message names the machine and component.
 	ClusterControlPlaneUnhealthyReason = "ComponentUnhealthy"
+	// ClusterVersionUnavailableReason: the provider cannot run
+	// spec.controlPlane.version (the local provider runs what make setup
+	// built); the message lists the versions it can run.
+	ClusterVersionUnavailableReason = "VersionUnavailable"
+	// ClusterEndpointUnavailableReason: the cluster has no control-plane
+	// endpoint and its provider cannot make one.
+	ClusterEndpointUnavailableReason = "EndpointUnavailable"
 
 	// ClusterEtcdHealthyCondition is True when every etcd member is healthy
 	// and the cluster has quorum (M14).

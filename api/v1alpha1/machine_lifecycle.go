@@ -42,6 +42,11 @@ const (
 	// from spec.controlPlane.
 	ControlPlaneLabel = GroupName + "/control-plane"
 
+	// ManagedEndpointAnnotation on a Cluster says that marina made its
+	// spec.controlPlaneEndpoint with the provider (and deletes it with the
+	// cluster); an endpoint the user set has none.
+	ManagedEndpointAnnotation = GroupName + "/managed-endpoint"
+
 	// EtcdInitAnnotation marks the control-plane machine that starts a new
 	// stacked etcd cluster (the cluster's first); every other one joins the
 	// running members. Set once, at creation, by the control plane.
