@@ -50,7 +50,9 @@ func startWorld(b *testing.B) *world {
 
 	must(b, w.mgmt.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}))
 	must(b, w.mgmt.Client.Create(ctx, &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: w.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: w.ns,
+			// The suite's workload API server stands in for the control plane.
+			Annotations: map[string]string{clusterv1.ExternalControlPlaneAnnotation: "true"}},
 		Spec: clusterv1.ClusterSpec{
 			ClusterNetwork: clusterv1.ClusterNetwork{Pods: []clusterv1.CIDR{"10.244.0.0/16"}, Services: []clusterv1.CIDR{"10.96.0.0/12"}},
 			ControlPlane: clusterv1.ControlPlaneSpec{Version: "v1.37.2", Replicas: 1,

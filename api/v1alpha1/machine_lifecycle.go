@@ -42,6 +42,13 @@ const (
 	// from spec.controlPlane.
 	ControlPlaneLabel = GroupName + "/control-plane"
 
+	// ExternalControlPlaneAnnotation ("true") on a Cluster says that someone
+	// else runs its control plane: marina makes no certificates, endpoint
+	// or control-plane machines for it, and its workers join through the
+	// <cluster>-kubeconfig Secret the user provides (with a ServiceAccount
+	// token of that cluster). Set it at creation.
+	ExternalControlPlaneAnnotation = GroupName + "/external-control-plane"
+
 	// ManagedEndpointAnnotation on a Cluster says that marina made its
 	// spec.controlPlaneEndpoint with the provider (and deletes it with the
 	// cluster); an endpoint the user set has none.

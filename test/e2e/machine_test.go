@@ -51,7 +51,9 @@ func TestUpRunsAndDeletesALocalMachine(t *testing.T) {
 	for _, obj := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 		&clusterv1.Cluster{
-			ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns},
+			ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns,
+				// The test's own API server stands in for the control plane.
+				Annotations: map[string]string{clusterv1.ExternalControlPlaneAnnotation: "true"}},
 			Spec: clusterv1.ClusterSpec{
 				ClusterNetwork: clusterv1.ClusterNetwork{Pods: []clusterv1.CIDR{"10.244.0.0/16"}, Services: []clusterv1.CIDR{"10.96.0.0/12"}},
 				ControlPlane: clusterv1.ControlPlaneSpec{Version: "v1.37.2", Replicas: 1,

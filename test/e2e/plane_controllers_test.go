@@ -155,7 +155,7 @@ spec:
 		if err := os.WriteFile(manifest, []byte(`
 apiVersion: cluster.marina.dev/v1alpha1
 kind: Cluster
-metadata: {name: fleet, namespace: default}
+metadata: {name: fleet, namespace: default, annotations: {cluster.marina.dev/external-control-plane: "true"}}
 spec:
   controlPlane:
     version: v1.37.2

@@ -110,6 +110,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err := r.client.Get(ctx, req.NamespacedName, cluster); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if cluster.Annotations[clusterv1.ExternalControlPlaneAnnotation] == "true" {
+		return ctrl.Result{}, nil // someone else runs it
+	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("cluster", klog.KObj(cluster)))
 	before := cluster.DeepCopy()
 	defer func() {

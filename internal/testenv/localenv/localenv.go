@@ -147,7 +147,9 @@ func (s *Suite) NewFixture(t *testing.T) *Fixture {
 	}
 	ctx := context.Background()
 	cluster := &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Name: f.Cluster, Namespace: f.NS},
+		ObjectMeta: metav1.ObjectMeta{Name: f.Cluster, Namespace: f.NS,
+			// The suite's workload API server stands in for the control plane.
+			Annotations: map[string]string{clusterv1.ExternalControlPlaneAnnotation: "true"}},
 		Spec: clusterv1.ClusterSpec{
 			ClusterNetwork: clusterv1.ClusterNetwork{Pods: []clusterv1.CIDR{"10.244.0.0/16"}, Services: []clusterv1.CIDR{"10.96.0.0/12"}},
 			ControlPlane: clusterv1.ControlPlaneSpec{
