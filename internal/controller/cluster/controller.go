@@ -134,19 +134,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	meta.RemoveStatusCondition(&cluster.Status.Conditions, clusterv1.PausedCondition)
 
+	// A step that cannot go on says why in a condition and is looked at
+	// again (what would fix it, a Secret or a class, is not watched).
 	set, ok, err := r.certificates(ctx, cluster)
 	if !ok {
-		return ctrl.Result{}, err
+		return waitOn(cluster, err)
 	}
 	prov, ok, err := r.provider(ctx, cluster)
 	if !ok {
-		return ctrl.Result{}, err
+		return waitOn(cluster, err)
 	}
 	if ok, err := r.versionAvailable(cluster, prov); !ok {
-		return ctrl.Result{}, err
+		return waitOn(cluster, err)
 	}
 	if ok, err := r.endpoint(ctx, cluster, prov, set); !ok {
-		return ctrl.Result{}, err
+		return waitOn(cluster, err)
 	}
 	if err := r.kubeconfig(ctx, cluster, set); err != nil {
 		return ctrl.Result{}, err
@@ -160,6 +162,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	if setReady(cluster) {
 		return ctrl.Result{RequeueAfter: recheckReady}, nil
+	}
+	return ctrl.Result{RequeueAfter: recheckWaiting}, nil
+}
+
+// waitOn ends a pass that could not go on: an error retries with backoff,
+// a condition waits a while.
+func waitOn(cluster *clusterv1.Cluster, err error) (ctrl.Result, error) {
+	setReady(cluster)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: recheckWaiting}, nil
 }
@@ -196,6 +208,9 @@ func (r *Reconciler) certificates(ctx context.Context, cluster *clusterv1.Cluste
 		return nil, false, fmt.Errorf("cluster certificates: %w", err)
 	}
 	setCondition(cluster, clusterv1.ClusterCertificatesAvailableCondition, metav1.ConditionTrue, clusterv1.ClusterCertificatesAvailableReason, "")
+	if cluster.Status.Phase == clusterv1.ClusterPhaseFailed {
+		cluster.Status.Phase = clusterv1.ClusterPhaseProvisioning // the CA was fixed
+	}
 	return set, true, nil
 }
 

@@ -24,6 +24,9 @@ func setReady(cluster *clusterv1.Cluster) bool {
 				reason, msg = c.Reason, t+": "+c.Message
 			}
 			setCondition(cluster, clusterv1.ReadyCondition, metav1.ConditionFalse, reason, msg)
+			if cluster.Status.Phase == clusterv1.ClusterPhaseFailed {
+				return false
+			}
 			cluster.Status.Phase = clusterv1.ClusterPhaseProvisioning
 			if meta.IsStatusConditionTrue(conds, clusterv1.ClusterControlPlaneInitializedCondition) {
 				cluster.Status.Phase = clusterv1.ClusterPhaseProvisioned

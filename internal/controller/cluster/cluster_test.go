@@ -1,0 +1,202 @@
+package cluster
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/internal/testenv/localenv"
+	"marina.dev/marina/provider"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.Main(m, &env) }
+
+// startController runs the Cluster controller alone (no provider acts on
+// machines) against namespace ns until the test ends.
+func startController(t *testing.T, ns string, providers ...provider.Provider) {
+	t.Helper()
+	reg, err := provider.NewRegistry(providers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	localenv.StartManager(t, env.Config, ns, func(_ context.Context, mgr ctrl.Manager) error {
+		_, err := SetupWithManager(mgr, Options{Providers: reg})
+		return err
+	})
+}
+
+func newCluster(ns, name string) *clusterv1.Cluster {
+	return &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: clusterv1.ClusterSpec{
+			ControlPlane: clusterv1.ControlPlaneSpec{
+				Version:      "v1.37.2",
+				Replicas:     1,
+				ProviderSpec: &runtime.RawExtension{Raw: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"2Gi"}}`)},
+			},
+		},
+	}
+}
+
+// selfSigned makes a certificate from tmpl and a new key, as PEM.
+func selfSigned(t *testing.T, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl.SerialNumber = big.NewInt(1)
+	tmpl.Subject = pkix.Name{CommonName: "users-ca"}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+}
+
+func caTemplate(notBefore, notAfter time.Time, isCA bool) *x509.Certificate {
+	return &x509.Certificate{
+		NotBefore: notBefore, NotAfter: notAfter, IsCA: isCA, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+}
+
+func secretNames(t *testing.T, ns string) []string {
+	t.Helper()
+	var list corev1.SecretList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range list.Items {
+		names = append(names, s.Name)
+	}
+	return names
+}
+
+// Each kind of unusable CA material gets CertificatesAvailable=False naming
+// the problem, the cluster Failed, and nothing is made for it (M15).
+func TestAUnusableCAStopsTheClusterWithItsReason(t *testing.T) {
+	now := time.Now()
+	good, _ := selfSigned(t, caTemplate(now.Add(-time.Hour), now.Add(24*time.Hour), true))
+	_, otherKey := selfSigned(t, caTemplate(now.Add(-time.Hour), now.Add(24*time.Hour), true))
+	expired, expiredKey := selfSigned(t, caTemplate(now.Add(-48*time.Hour), now.Add(-24*time.Hour), true))
+	leaf, leafKey := selfSigned(t, caTemplate(now.Add(-time.Hour), now.Add(24*time.Hour), false))
+
+	ns := env.Namespace(t)
+	startController(t, ns)
+	cases := []struct {
+		name      string
+		cert, key []byte // nil cert: no Secret at all
+		want      string
+	}{
+		{"missing", nil, nil, "does not exist"},
+		{"key-mismatch", good, otherKey, "does not match the certificate"},
+		{"expired", expired, expiredKey, "expired on"},
+		{"not-a-ca", leaf, leafKey, "is not a CA certificate"},
+	}
+	for _, tc := range cases {
+		c := newCluster(ns, tc.name)
+		c.Spec.ControlPlane.CASecretRef = &clusterv1.SecretReference{Name: tc.name + "-users-ca"}
+		if tc.cert != nil {
+			create(t, &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Name: tc.name + "-users-ca", Namespace: ns},
+				Type:       corev1.SecretTypeTLS,
+				Data:       map[string][]byte{corev1.TLSCertKey: tc.cert, corev1.TLSPrivateKeyKey: tc.key},
+			})
+		}
+		create(t, c)
+	}
+	for _, tc := range cases {
+		testenv.Eventually(t, 30*time.Second, tc.name+": CertificatesAvailable=False says why", func() error {
+			c := get(t, ns, tc.name)
+			cond := meta.FindStatusCondition(c.Status.Conditions, clusterv1.ClusterCertificatesAvailableCondition)
+			if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != clusterv1.ClusterCASecretInvalidReason {
+				return fmt.Errorf("condition %+v", cond)
+			}
+			if !strings.Contains(cond.Message, tc.want) {
+				return fmt.Errorf("message %q does not say %q", cond.Message, tc.want)
+			}
+			if strings.Contains(cond.Message, "PRIVATE KEY") {
+				t.Fatalf("the condition quotes key material: %q", cond.Message)
+			}
+			if c.Status.Phase != clusterv1.ClusterPhaseFailed {
+				return fmt.Errorf("phase %q, want Failed", c.Status.Phase)
+			}
+			return nil
+		})
+	}
+	for _, name := range secretNames(t, ns) {
+		if !strings.HasSuffix(name, "-users-ca") {
+			t.Errorf("Secret %s was made for a cluster whose CA is unusable", name)
+		}
+	}
+}
+
+// A paused cluster gets its Paused condition and nothing else; a cluster
+// whose control plane someone else runs is left alone entirely.
+func TestPausedAndExternalClustersAreLeftAlone(t *testing.T) {
+	ns := env.Namespace(t)
+	startController(t, ns)
+	paused := newCluster(ns, "paused")
+	paused.Spec.Paused = true
+	external := newCluster(ns, "external")
+	external.Annotations = map[string]string{clusterv1.ExternalControlPlaneAnnotation: "true"}
+	create(t, external) // first: one worker takes the queue in order
+	create(t, paused)
+	testenv.Eventually(t, 30*time.Second, "the paused cluster is Paused", func() error {
+		if !meta.IsStatusConditionTrue(get(t, ns, "paused").Status.Conditions, clusterv1.PausedCondition) {
+			return fmt.Errorf("no Paused=True condition")
+		}
+		return nil
+	})
+	// Both were reconciled by now (one queue, the paused one done): the
+	// external one has neither a finalizer nor a status.
+	if c := get(t, ns, "external"); len(c.Finalizers) > 0 || len(c.Status.Conditions) > 0 {
+		t.Errorf("the external cluster was acted on: finalizers %v, conditions %v", c.Finalizers, c.Status.Conditions)
+	}
+	if names := secretNames(t, ns); len(names) > 0 {
+		t.Errorf("Secrets were made for paused or external clusters: %v", names)
+	}
+}
+
+func create(t *testing.T, o client.Object) {
+	t.Helper()
+	if err := env.Client.Create(context.Background(), o); err != nil {
+		t.Fatalf("creating %s: %v", o.GetName(), err)
+	}
+}
+
+func get(t *testing.T, ns, name string) *clusterv1.Cluster {
+	t.Helper()
+	c := &clusterv1.Cluster{}
+	if err := env.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
