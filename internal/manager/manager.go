@@ -13,6 +13,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"marina.dev/marina/internal/controller/cluster"
 	"marina.dev/marina/internal/controller/machine"
 	"marina.dev/marina/internal/controller/machinedeployment"
 	"marina.dev/marina/internal/controller/machinehealthcheck"
@@ -111,11 +112,20 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 // setupControllers registers each controller with the manager. Controllers
 // arrive with their issues; this list is the one place they are wired in.
 func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.Registry, opts Options) error {
+	clusters, err := cluster.SetupWithManager(mgr, cluster.Options{
+		Providers:               registry,
+		Etcd:                    etcdDialer,
+		MaxConcurrentReconciles: 4,
+	})
+	if err != nil {
+		return err
+	}
 	if _, err := machine.SetupWithManager(ctx, mgr, machine.Options{
 		Providers:               registry,
 		ReportUnowned:           opts.ReportUnowned,
 		ExternalKinds:           opts.ExternalKinds,
 		MaxConcurrentReconciles: 10,
+		ControlPlaneBootstrap:   clusters.ControlPlaneBootstrap,
 	}); err != nil {
 		return err
 	}
