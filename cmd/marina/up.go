@@ -163,5 +163,5 @@ func newLocalProvider(root, binDir string) (*local.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
-	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, BinDir: binDir})
+	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"}, BinDir: binDir})
 }

@@ -27,8 +27,8 @@ import (
 	"marina.dev/marina/provider"
 )
 
-// agentCommand runs the marina binary that TestMain builds.
-var agentCommand []string
+// agentCommand and lbCommand run the marina binary that TestMain builds.
+var agentCommand, lbCommand []string
 
 func TestMain(m *testing.M) {
 	code := func() int {
@@ -52,6 +52,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		agentCommand = []string{bin, "node-agent"}
+		lbCommand = []string{bin, "load-balancer"}
 		defer stopAPIServer()
 		return m.Run()
 	}()
@@ -84,7 +85,7 @@ func stopAPIServer() {
 // stopped when the test ends, whatever happened.
 func newProvider(t *testing.T) *Provider {
 	t.Helper()
-	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, AgentStopTimeout: 5 * time.Second})
+	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, LoadBalancerCommand: lbCommand, AgentStopTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

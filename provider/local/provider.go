@@ -33,6 +33,10 @@ type Options struct {
 	// AgentCommand is the argv prefix that starts a node agent, e.g.
 	// ["/usr/local/bin/marina", "node-agent"]; "--sandbox DIR" is appended.
 	AgentCommand []string
+	// LoadBalancerCommand is the argv prefix that starts a cluster's
+	// endpoint, e.g. ["/usr/local/bin/marina", "load-balancer"]; "--dir DIR"
+	// is appended. Without it the provider makes no endpoints.
+	LoadBalancerCommand []string
 	// AgentStartTimeout bounds how long Create waits for a started agent to
 	// take its sandbox's lock; 30s when zero.
 	AgentStartTimeout time.Duration
@@ -80,6 +84,7 @@ func New(opts Options) (*Provider, error) {
 		opts.AgentStopTimeout = 10 * time.Second
 	}
 	opts.AgentCommand = append([]string(nil), opts.AgentCommand...)
+	opts.LoadBalancerCommand = append([]string(nil), opts.LoadBalancerCommand...)
 	return &Provider{root: root, opts: opts}, nil
 }
 
@@ -241,7 +246,7 @@ func (p *Provider) UIDs() ([]types.UID, error) {
 	return uids, nil
 }
 
-// DeleteAll deletes every machine under the root, for tearing a whole local
+// DeleteAll deletes every machine and endpoint under the root, for tearing a whole local
 // fleet down (a test suite, a benchmark).
 func (p *Provider) DeleteAll(ctx context.Context) error {
 	uids, err := p.UIDs()
@@ -251,6 +256,11 @@ func (p *Provider) DeleteAll(ctx context.Context) error {
 	var errs []error
 	for _, uid := range uids {
 		errs = append(errs, p.Delete(ctx, uid))
+	}
+	endpoints, err := p.EndpointUIDs()
+	errs = append(errs, err)
+	for _, uid := range endpoints {
+		errs = append(errs, p.DeleteEndpoint(ctx, uid))
 	}
 	return errors.Join(errs...)
 }

@@ -114,7 +114,7 @@ func bootstrapFor(req *provider.Request, m *LocalMachine, addr string) *sandbox.
 // ProviderID is the providerID of the local machine with the given UID.
 func ProviderID(uid types.UID) string { return "local://" + string(uid) }
 
-// usedAddresses are the addresses of the existing sandboxes.
+// usedAddresses are the addresses of the existing sandboxes and endpoints.
 func (p *Provider) usedAddresses() (map[string]bool, error) {
 	uids, err := p.UIDs()
 	if err != nil {
@@ -130,6 +130,13 @@ func (p *Provider) usedAddresses() (map[string]bool, error) {
 			return nil, err
 		}
 		used[b.Address] = true
+	}
+	endpoints, err := p.endpointAddresses()
+	if err != nil {
+		return nil, err
+	}
+	for _, addr := range endpoints {
+		used[addr] = true
 	}
 	return used, nil
 }

@@ -1,0 +1,226 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/loadbalancer"
+	"marina.dev/marina/provider"
+)
+
+// endpointsDir holds one directory per cluster endpoint, named by the
+// Cluster's UID. Its dot keeps it out of the sandboxes (UIDs).
+const endpointsDir = ".endpoints"
+
+// EndpointPort is the port of every local cluster's endpoint, on an
+// address of its own.
+const EndpointPort = 6443
+
+// endpointStartTimeout bounds a balancer's start; it listens within
+// milliseconds.
+const endpointStartTimeout = 15 * time.Second
+
+var _ provider.EndpointProvider = (*Provider)(nil)
+
+// EnsureEndpoint implements provider.EndpointProvider: one balancer
+// process per cluster (marina load-balancer), on a loopback address of its
+// own taken from the machines' allocator. Its directory holds what it
+// reads; a change of backends is a file write it applies in place, and a
+// balancer that died is started again. The address is read back from the
+// directory, so it survives a restart of marina.
+func (p *Provider) EnsureEndpoint(ctx context.Context, req *provider.EndpointRequest) (string, int32, error) {
+	if err := checkUID(req.UID); err != nil {
+		return "", 0, err
+	}
+	if len(p.opts.LoadBalancerCommand) == 0 {
+		return "", 0, errors.New("local provider: Options.LoadBalancerCommand is not set: it cannot make control-plane endpoints")
+	}
+	defer p.lock(req.UID)()
+	dir := p.endpointDir(req.UID)
+	cfg, err := readEndpointConfig(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if cfg, err = p.allocateEndpoint(req.UID); err != nil {
+			return "", 0, fmt.Errorf("making the endpoint of cluster %s/%s: %w", req.Namespace, req.Name, err)
+		}
+	case err != nil:
+		return "", 0, err
+	}
+	want := cfg
+	want.Backends = slices.Clone(req.Backends)
+	slices.Sort(want.Backends)
+	tlsFiles := loadbalancer.TLSFiles{CA: req.CAData, ClientCert: req.ClientCert, ClientKey: req.ClientKey}
+	if !slices.Equal(cfg.Backends, want.Backends) || !sameTLS(dir, tlsFiles) {
+		if err := loadbalancer.WriteDir(dir, want, tlsFiles); err != nil {
+			return "", 0, fmt.Errorf("writing the endpoint of cluster %s/%s: %w", req.Namespace, req.Name, err)
+		}
+	}
+	running, err := loadbalancer.Running(dir)
+	if err != nil {
+		return "", 0, err
+	}
+	if !running {
+		if _, err := loadbalancer.Start(ctx, dir, p.opts.LoadBalancerCommand, endpointStartTimeout); err != nil && !loadbalancer.IsRunning(err) {
+			return "", 0, fmt.Errorf("starting the endpoint of cluster %s/%s: %w", req.Namespace, req.Name, err)
+		}
+	}
+	host, port, err := net.SplitHostPort(want.Listen)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		return "", 0, err
+	}
+	return host, int32(n), nil
+}
+
+// DeleteEndpoint implements provider.EndpointProvider: it stops the
+// balancer and removes its directory (renamed first, so that a crash
+// leaves either all of it or a tombstone the next call removes).
+func (p *Provider) DeleteEndpoint(ctx context.Context, uid types.UID) error {
+	if err := checkUID(uid); err != nil {
+		return err
+	}
+	defer p.lock(uid)()
+	dir := p.endpointDir(uid)
+	if _, err := os.Stat(dir); err == nil {
+		if err := loadbalancer.Stop(ctx, dir, 10*time.Second); err != nil {
+			return fmt.Errorf("stopping the endpoint of cluster %s: %w", uid, err)
+		}
+		tomb := filepath.Join(p.root, endpointsDir, fmt.Sprintf("%s%s-%d", tombPrefix, uid, time.Now().UnixNano()))
+		if err := os.Rename(dir, tomb); err != nil {
+			return fmt.Errorf("deleting the endpoint of cluster %s: %w", uid, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	tombs, err := filepath.Glob(filepath.Join(p.root, endpointsDir, tombPrefix+string(uid)+"-*"))
+	if err != nil {
+		return err
+	}
+	for _, t := range tombs {
+		if err := os.RemoveAll(t); err != nil {
+			return fmt.Errorf("deleting the endpoint of cluster %s: %w", uid, err)
+		}
+	}
+	return nil
+}
+
+// EndpointUIDs lists the clusters that have an endpoint under the root.
+func (p *Provider) EndpointUIDs() ([]types.UID, error) {
+	entries, err := os.ReadDir(filepath.Join(p.root, endpointsDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var uids []types.UID
+	for _, e := range entries {
+		if e.IsDir() && checkUID(types.UID(e.Name())) == nil {
+			uids = append(uids, types.UID(e.Name()))
+		}
+	}
+	return uids, nil
+}
+
+func (p *Provider) endpointDir(uid types.UID) string {
+	return filepath.Join(p.root, endpointsDir, string(uid))
+}
+
+// allocateEndpoint picks the endpoint's address and writes its first
+// configuration, under the allocator's lock, so that no machine or other
+// endpoint gets the address.
+func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, error) {
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	used, err := p.usedAddresses()
+	if err != nil {
+		return loadbalancer.FileConfig{}, err
+	}
+	addr, err := pickAddress(uid, used)
+	if err != nil {
+		return loadbalancer.FileConfig{}, err
+	}
+	cfg := loadbalancer.FileConfig{Listen: net.JoinHostPort(addr, strconv.Itoa(EndpointPort))}
+	if err := os.MkdirAll(filepath.Join(p.root, endpointsDir), 0o700); err != nil {
+		return loadbalancer.FileConfig{}, err
+	}
+	// The config is written with an empty CA first only to claim the
+	// address; EnsureEndpoint writes the real one right after.
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return loadbalancer.FileConfig{}, err
+	}
+	dir := p.endpointDir(uid)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return loadbalancer.FileConfig{}, err
+	}
+	if err := files.WriteAtomic(filepath.Join(dir, loadbalancer.ConfigFile), data, 0o600); err != nil {
+		return loadbalancer.FileConfig{}, err
+	}
+	return cfg, files.SyncDir(filepath.Join(p.root, endpointsDir))
+}
+
+// endpointAddresses are the addresses the endpoints under the root listen
+// on.
+func (p *Provider) endpointAddresses() ([]string, error) {
+	uids, err := p.EndpointUIDs()
+	if err != nil {
+		return nil, err
+	}
+	var addrs []string
+	for _, uid := range uids {
+		cfg, err := readEndpointConfig(p.endpointDir(uid))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if host, _, err := net.SplitHostPort(cfg.Listen); err == nil {
+			addrs = append(addrs, host)
+		}
+	}
+	return addrs, nil
+}
+
+func readEndpointConfig(dir string) (loadbalancer.FileConfig, error) {
+	var cfg loadbalancer.FileConfig
+	data, err := os.ReadFile(filepath.Join(dir, loadbalancer.ConfigFile))
+	if err != nil {
+		return cfg, err
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("decoding %s: %w", filepath.Join(dir, loadbalancer.ConfigFile), err)
+	}
+	return cfg, nil
+}
+
+// sameTLS reports whether dir already holds exactly t's files.
+func sameTLS(dir string, t loadbalancer.TLSFiles) bool {
+	for name, want := range map[string][]byte{loadbalancer.CAFile: t.CA, loadbalancer.ClientCertFile: t.ClientCert, loadbalancer.ClientKeyFile: t.ClientKey} {
+		have, err := os.ReadFile(filepath.Join(dir, name))
+		if errors.Is(err, fs.ErrNotExist) && len(want) == 0 {
+			continue
+		}
+		if err != nil || !bytes.Equal(have, want) {
+			return false
+		}
+	}
+	return true
+}
