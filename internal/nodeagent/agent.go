@@ -35,6 +35,9 @@ type timing struct {
 	// past tokenRenewFraction of its lifetime.
 	tokenCheck         time.Duration
 	tokenRenewFraction float64
+	// versionsCheck is how often a control-plane machine's component
+	// versions are read and, when they changed, reported.
+	versionsCheck time.Duration
 }
 
 var defaultTiming = timing{
@@ -45,6 +48,7 @@ var defaultTiming = timing{
 	retryMax:           30 * time.Second,
 	tokenCheck:         10 * time.Minute,
 	tokenRenewFraction: 0.5,
+	versionsCheck:      10 * time.Second,
 }
 
 // Run runs the node agent of the sandbox dir until ctx ends. It first takes
@@ -71,27 +75,42 @@ func run(ctx context.Context, dir string, t timing) error {
 	if err != nil {
 		return err
 	}
-	if err := checkBootstrap(b); err != nil {
-		return fmt.Errorf("bootstrap of sandbox %s: %w", dir, err)
-	}
-	token := newBearerToken(b.Token)
-	cs, err := newClient(b, token)
+	cpConfig, err := readControlPlane(dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("sandbox %s: %w", dir, err)
+	}
+	if err := checkBootstrap(b, cpConfig != nil); err != nil {
+		return fmt.Errorf("bootstrap of sandbox %s: %w", dir, err)
 	}
 	log := klog.FromContext(ctx).WithValues("node", b.NodeName)
 	ctx, cancel := context.WithCancel(klog.NewContext(ctx, log))
 	defer cancel()
-	a := &agent{cs: cs, token: token, boot: b, dir: dir, stop: cancel, t: t, log: log}
+	a := &agent{boot: b, dir: dir, stop: cancel, t: t, log: log}
+	if cpConfig != nil {
+		if a.cp, a.cs, err = startControlPlane(ctx, dir, b, cpConfig); err != nil {
+			return err
+		}
+		// Every component is stopped before the agent returns: none
+		// outlives its machine's agent.
+		defer func() { cancel(); <-a.cp.done }()
+	} else {
+		a.token = newBearerToken(b.Token)
+		if a.cs, err = newClient(b, a.token); err != nil {
+			return err
+		}
+	}
 	return a.run(ctx)
 }
 
-func checkBootstrap(b *sandbox.Bootstrap) error {
+// checkBootstrap: a control-plane machine has no server or token, it runs
+// its own API server and makes its own credential.
+func checkBootstrap(b *sandbox.Bootstrap, controlPlane bool) error {
 	var missing []error
-	for name, v := range map[string]string{
-		"server": b.Server, "token": b.Token, "nodeName": b.NodeName,
-		"providerID": b.ProviderID, "address": b.Address,
-	} {
+	required := map[string]string{"nodeName": b.NodeName, "providerID": b.ProviderID, "address": b.Address}
+	if !controlPlane {
+		required["server"], required["token"] = b.Server, b.Token
+	}
+	for name, v := range required {
 		if v == "" {
 			missing = append(missing, fmt.Errorf("%s is empty", name))
 		}
@@ -124,8 +143,11 @@ func newClient(b *sandbox.Bootstrap, token *bearerToken) (kubernetes.Interface, 
 
 // agent is one running node agent.
 type agent struct {
-	cs    kubernetes.Interface
+	cs kubernetes.Interface
+	// token is the worker's renewable credential; nil on a control-plane
+	// machine, whose cp runs its components.
 	token *bearerToken
+	cp    *controlPlane
 	boot  *sandbox.Bootstrap
 	dir   string
 	stop  context.CancelFunc
@@ -160,7 +182,12 @@ func (a *agent) run(ctx context.Context) error {
 	wg.Go(func() { a.keepLease(ctx, node) })
 	wg.Go(func() { a.keepStatus(ctx) })
 	wg.Go(func() { a.runPods(ctx) })
-	wg.Go(func() { a.keepToken(ctx) })
+	if a.token != nil {
+		wg.Go(func() { a.keepToken(ctx) })
+	}
+	if a.cp != nil {
+		wg.Go(func() { a.keepVersions(ctx, node) })
+	}
 	wg.Wait()
 	a.log.Info("Node agent stopped")
 	return nil

@@ -122,7 +122,13 @@ func (a *agent) labels() map[string]string {
 		// The architecture of the host: the pods are simulated anyway.
 		"kubernetes.io/arch": runtime.GOARCH,
 	}
-	maps.Copy(l, a.boot.Labels)
+	for k, v := range a.boot.Labels {
+		// A control-plane machine registers as a node (NodeRestriction),
+		// which may not set every label on itself.
+		if a.cp == nil || nodeSettableLabel(k) {
+			l[k] = v
+		}
+	}
 	return l
 }
 

@@ -52,9 +52,10 @@ type Options struct {
 // Provider is the local provider. It is safe for concurrent use; calls for
 // one UID are serialised.
 type Provider struct {
-	root  string
-	opts  Options
-	locks sync.Map // types.UID -> *sync.Mutex
+	root   string
+	binDir string // Options.BinDir, absolute
+	opts   Options
+	locks  sync.Map // types.UID -> *sync.Mutex
 }
 
 var (
@@ -85,7 +86,13 @@ func New(opts Options) (*Provider, error) {
 	}
 	opts.AgentCommand = append([]string(nil), opts.AgentCommand...)
 	opts.LoadBalancerCommand = append([]string(nil), opts.LoadBalancerCommand...)
-	return &Provider{root: root, opts: opts}, nil
+	binDir := opts.BinDir
+	if binDir != "" {
+		if binDir, err = filepath.Abs(binDir); err != nil {
+			return nil, fmt.Errorf("local provider: resolving bin dir %s: %w", opts.BinDir, err)
+		}
+	}
+	return &Provider{root: root, binDir: binDir, opts: opts}, nil
 }
 
 // Name implements provider.Provider.

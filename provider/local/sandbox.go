@@ -58,6 +58,13 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 	if err != nil {
 		return nil, err
 	}
+	if doc := req.Bootstrap.ControlPlane; doc != nil {
+		b.BinDir = p.binDir
+		if err := files.WriteAtomic(filepath.Join(tmp, sandbox.ControlPlaneFile), doc, 0o600); err != nil {
+			_ = os.RemoveAll(tmp)
+			return nil, err
+		}
+	}
 	if err := sandbox.WriteBootstrap(tmp, b); err != nil {
 		_ = os.RemoveAll(tmp)
 		return nil, err

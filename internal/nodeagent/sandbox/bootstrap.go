@@ -21,12 +21,17 @@ const (
 	PIDFile = "agent.pid"
 	// LogFile receives the agent's standard output and error.
 	LogFile = "agent.log"
+	// ControlPlaneFile, on a control-plane machine only, holds the control
+	// plane's document (bootstrap.Config, JSON; mode 0600: it holds the
+	// cluster's CA keys).
+	ControlPlaneFile = "controlplane.json"
 )
 
 // Bootstrap is everything a node agent knows about its machine and its
 // workload cluster. It holds no management-plane credential.
 type Bootstrap struct {
-	// Server is the workload cluster's API server URL.
+	// Server is the workload cluster's API server URL; empty on a
+	// control-plane machine, which talks to its own.
 	Server string `json:"server"`
 	// CAPEM is the PEM bundle that verifies Server.
 	CAPEM string `json:"caPEM"`
@@ -46,6 +51,9 @@ type Bootstrap struct {
 	Capacity corev1.ResourceList `json:"capacity"`
 	// KubeletVersion is reported in status.nodeInfo.kubeletVersion.
 	KubeletVersion string `json:"kubeletVersion"`
+	// BinDir, on a control-plane machine, holds the binaries its
+	// components run (<component>-<version>).
+	BinDir string `json:"binDir,omitempty"`
 	// ContainerRuntimeVersion is reported in
 	// status.nodeInfo.containerRuntimeVersion, e.g. containerd://2.1.4.
 	ContainerRuntimeVersion string `json:"containerRuntimeVersion,omitempty"`

@@ -1,0 +1,293 @@
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/bootstrap"
+	"marina.dev/marina/internal/clusterpki"
+	"marina.dev/marina/internal/etcdadmin"
+	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/internal/pki"
+)
+
+// controlPlane is what a control-plane machine's agent runs beside the
+// node: the components, from the bundle it makes out of the control
+// plane's document.
+type controlPlane struct {
+	supervisor *components.Supervisor
+	// done is closed when the supervisor has stopped every component.
+	done chan struct{}
+	// stacked: an etcd member runs here.
+	stacked bool
+}
+
+// readControlPlane reads the control plane's document of the sandbox; nil
+// on a worker.
+func readControlPlane(dir string) (*bootstrap.Config, error) {
+	data, err := os.ReadFile(filepath.Join(dir, sandbox.ControlPlaneFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the control plane's document: %w", err)
+	}
+	return bootstrap.DecodeConfig(data)
+}
+
+// startControlPlane joins the etcd cluster if this machine is a new
+// member, writes the machine's certificates, kubeconfigs and component
+// manifests, and starts the supervisor. It returns the node's client for
+// its own API server, authenticated as system:node:<name> with a
+// certificate it issues from the cluster CA, as kubeadm does for a
+// control-plane kubelet, so that the Node authorizer and NodeRestriction
+// hold for it.
+func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cfg *bootstrap.Config) (*controlPlane, kubernetes.Interface, error) {
+	log := klog.FromContext(ctx)
+	set, err := cfg.PKI.Set()
+	if err != nil {
+		return nil, nil, fmt.Errorf("the control plane's key material: %w", err)
+	}
+	ip := net.ParseIP(b.Address)
+	if ip == nil {
+		return nil, nil, fmt.Errorf("the machine's address %q is not an IP address", b.Address)
+	}
+	if b.BinDir == "" {
+		return nil, nil, errors.New("the sandbox names no directory of component binaries (binDir)")
+	}
+	etcd, err := etcdConfig(ctx, dir, b, cfg, set)
+	if err != nil {
+		return nil, nil, err
+	}
+	bundle, err := bootstrap.ControlPlane(&bootstrap.Machine{
+		ClusterName: cfg.ClusterName,
+		PKI:         set,
+		Name:        b.NodeName,
+		IP:          ip,
+		Endpoint:    cfg.Endpoint,
+		Network:     cfg.Network,
+		Version:     cfg.Version,
+		EtcdVersion: cfg.EtcdVersion,
+		BinDir:      b.BinDir,
+		Dir:         dir,
+		Components:  cfg.Components,
+		Etcd:        etcd,
+	}, time.Now())
+	if err != nil {
+		return nil, nil, fmt.Errorf("making the control-plane machine's files: %w", err)
+	}
+	if err := bundle.Write(); err != nil {
+		return nil, nil, fmt.Errorf("writing the control-plane machine's files: %w", err)
+	}
+	cp := &controlPlane{supervisor: components.New(dir, components.Options{}), done: make(chan struct{}), stacked: etcd.Stacked != nil}
+	go func() {
+		defer close(cp.done)
+		if err := cp.supervisor.Run(ctx); err != nil {
+			log.Error(err, "Component supervisor failed")
+		}
+	}()
+	cs, err := nodeClient(b, set.CA)
+	if err != nil {
+		return nil, nil, err
+	}
+	log.Info("Started the control-plane components", "version", cfg.Version, "stackedEtcd", cp.stacked)
+	return cp, cs, nil
+}
+
+// etcdConfig is this machine's place in the cluster's etcd. A new stacked
+// member that is to join adds itself through the running members before
+// etcd starts (etcd's member add), unless its data exists already (a
+// restart) or it is a member already (a crash after the add): the add is
+// keyed by its peer URL.
+func etcdConfig(ctx context.Context, dir string, b *sandbox.Bootstrap, cfg *bootstrap.Config, set *clusterpki.Set) (bootstrap.EtcdConfig, error) {
+	if x := cfg.Etcd.External; x != nil {
+		return bootstrap.EtcdConfig{External: x}, nil
+	}
+	join := cfg.Etcd.Stacked.Join
+	if len(join) == 0 || etcdDataExists(dir) {
+		return bootstrap.EtcdConfig{Stacked: &bootstrap.StackedEtcd{}}, nil
+	}
+	pair, err := set.Etcd.Issue(pki.CertSpec{CommonName: "marina-node-agent:" + b.NodeName, Usage: pki.ClientAuth})
+	if err != nil {
+		return bootstrap.EtcdConfig{}, fmt.Errorf("issuing an etcd client certificate: %w", err)
+	}
+	key, err := pair.KeyPEM()
+	if err != nil {
+		return bootstrap.EtcdConfig{}, err
+	}
+	peerURL := "https://" + net.JoinHostPort(b.Address, strconv.Itoa(bootstrap.DefaultEtcdPeerPort))
+	var members []etcdadmin.Member
+	var self etcdadmin.Member
+	err = retryUntil(ctx, 2*time.Minute, func(ctx context.Context) error {
+		c, err := etcdadmin.New(ctx, etcdadmin.Config{Endpoints: join, CA: set.Etcd.CertPEM(), Cert: pair.CertPEM(), Key: key})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		members, self, err = c.Add(actx, peerURL)
+		return err
+	})
+	if err != nil {
+		return bootstrap.EtcdConfig{}, fmt.Errorf("joining the etcd cluster through %v: %w", join, err)
+	}
+	klog.FromContext(ctx).Info("Added this machine's etcd member", "member", fmt.Sprintf("%x", self.ID), "members", len(members))
+	initial := make([]bootstrap.EtcdMember, 0, len(members))
+	for _, m := range members {
+		name := m.Name
+		switch {
+		case m.ID == self.ID:
+			name = b.NodeName
+		case name == "":
+			name = fmt.Sprintf("%x", m.ID) // added elsewhere, not started yet
+		}
+		for _, u := range m.PeerURLs {
+			initial = append(initial, bootstrap.EtcdMember{Name: name, PeerURL: u})
+		}
+	}
+	return bootstrap.EtcdConfig{Stacked: &bootstrap.StackedEtcd{InitialCluster: initial, State: bootstrap.EtcdExistingCluster}}, nil
+}
+
+// etcdDataExists: a member ran here before; etcd ignores the initial
+// cluster then.
+func etcdDataExists(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, bootstrap.EtcdDataDir, "member"))
+	return err == nil
+}
+
+// retryUntil calls f until it succeeds, ctx ends or timeout passes.
+func retryUntil(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
+	deadline := time.Now().Add(timeout)
+	delay := 500 * time.Millisecond
+	for {
+		err := f(ctx)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		klog.FromContext(ctx).Error(err, "Retrying", "after", delay)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Second)
+	}
+}
+
+// nodeClient reaches the machine's own API server as the node.
+func nodeClient(b *sandbox.Bootstrap, ca *pki.KeyPair) (kubernetes.Interface, error) {
+	pair, err := ca.Issue(pki.CertSpec{CommonName: "system:node:" + b.NodeName, Organizations: []string{"system:nodes"}, Usage: pki.ClientAuth})
+	if err != nil {
+		return nil, fmt.Errorf("issuing the node's client certificate: %w", err)
+	}
+	key, err := pair.KeyPEM()
+	if err != nil {
+		return nil, err
+	}
+	cfg := &rest.Config{
+		Host:            "https://" + net.JoinHostPort(b.Address, strconv.Itoa(bootstrap.DefaultAPIServerPort)),
+		TLSClientConfig: rest.TLSClientConfig{CAData: ca.CertPEM(), CertData: pair.CertPEM(), KeyData: key},
+		UserAgent:       "marina-node-agent/" + b.NodeName,
+		QPS:             5,
+		Burst:           10,
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building the node's client: %w", err)
+	}
+	return cs, nil
+}
+
+// nodeSettableLabel reports whether NodeRestriction lets a node set the
+// label on its own Node: labels outside the kubernetes.io and k8s.io
+// domains, and the few kubelet labels inside them. The others (the
+// node-role label above all) are added by the machine controller.
+func nodeSettableLabel(key string) bool {
+	prefix, _, found := strings.Cut(key, "/")
+	if !found {
+		return true
+	}
+	inK8s := func(domain string) bool { return prefix == domain || strings.HasSuffix(prefix, "."+domain) }
+	if !inK8s("kubernetes.io") && !inK8s("k8s.io") {
+		return true
+	}
+	switch key {
+	case "kubernetes.io/hostname", "kubernetes.io/arch", "kubernetes.io/os",
+		"node.kubernetes.io/instance-type", "topology.kubernetes.io/region", "topology.kubernetes.io/zone":
+		return true
+	}
+	return inK8s("kubelet.kubernetes.io") || inK8s("node.kubernetes.io")
+}
+
+// componentVersions are the versions this machine's components run: the
+// API server's from its own /version, the others' from the manifests the
+// supervisor runs them from (the binary named by that version).
+func (a *agent) componentVersions(ctx context.Context) clusterv1.ComponentVersions {
+	var v clusterv1.ComponentVersions
+	for _, st := range a.cp.supervisor.Status() {
+		if st.State != components.Running {
+			continue
+		}
+		switch st.Name {
+		case bootstrap.ControllerManager:
+			v.ControllerManager = st.Version
+		case bootstrap.Scheduler:
+			v.Scheduler = st.Version
+		case bootstrap.Etcd:
+			v.Etcd = st.Version
+		}
+	}
+	if info, err := a.cs.Discovery().ServerVersion(); err == nil {
+		v.APIServer = info.GitVersion
+	}
+	return v
+}
+
+// keepVersions keeps the control-plane versions annotation of the Node
+// current (clusterv1.ControlPlaneVersionsAnnotation).
+func (a *agent) keepVersions(ctx context.Context, node nodeRef) {
+	last := ""
+	update := func(ctx context.Context) {
+		data, err := json.Marshal(a.componentVersions(ctx))
+		if err != nil || string(data) == last {
+			return
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+			"annotations": map[string]string{clusterv1.ControlPlaneVersionsAnnotation: string(data)},
+		}})
+		if err != nil {
+			return
+		}
+		if _, err := a.cs.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1PatchOptions); err != nil {
+			a.log.Error(err, "Reporting the control-plane versions failed")
+			return
+		}
+		last = string(data)
+	}
+	update(ctx)
+	period := a.t.versionsCheck
+	if period <= 0 {
+		period = defaultTiming.versionsCheck
+	}
+	every(ctx, period, 0.1, update)
+}
+
+var metav1PatchOptions = metav1.PatchOptions{FieldManager: fieldManager}
