@@ -85,7 +85,9 @@ func ensureClusterRole(ctx context.Context, cs kubernetes.Interface) error {
 	cur, err := c.Get(ctx, RoleName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = c.Create(ctx, want, metav1.CreateOptions{})
+		if _, err = c.Create(ctx, want, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+			err = nil // made by a concurrent call, from the same rules
+		}
 	case err == nil && !apiequality.Semantic.DeepEqual(cur.Rules, want.Rules):
 		cur.Rules = want.Rules
 		_, err = c.Update(ctx, cur, metav1.UpdateOptions{})
@@ -106,7 +108,9 @@ func ensureClusterRoleBinding(ctx context.Context, cs kubernetes.Interface, subj
 	cur, err := c.Get(ctx, RoleName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = c.Create(ctx, want, metav1.CreateOptions{})
+		if _, err = c.Create(ctx, want, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+			err = nil // made by a concurrent call, from the same rules
+		}
 	case err == nil && !apiequality.Semantic.DeepEqual(cur.Subjects, want.Subjects):
 		// roleRef is immutable and never differs: only subjects can drift.
 		cur.Subjects = want.Subjects
@@ -124,7 +128,9 @@ func ensureRole(ctx context.Context, cs kubernetes.Interface, namespace string, 
 	cur, err := c.Get(ctx, RoleName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = c.Create(ctx, want, metav1.CreateOptions{})
+		if _, err = c.Create(ctx, want, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+			err = nil // made by a concurrent call, from the same rules
+		}
 	case err == nil && !apiequality.Semantic.DeepEqual(cur.Rules, want.Rules):
 		cur.Rules = want.Rules
 		_, err = c.Update(ctx, cur, metav1.UpdateOptions{})
@@ -145,7 +151,9 @@ func ensureRoleBinding(ctx context.Context, cs kubernetes.Interface, namespace s
 	cur, err := c.Get(ctx, RoleName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = c.Create(ctx, want, metav1.CreateOptions{})
+		if _, err = c.Create(ctx, want, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+			err = nil // made by a concurrent call, from the same rules
+		}
 	case err == nil && !apiequality.Semantic.DeepEqual(cur.Subjects, want.Subjects):
 		cur.Subjects = want.Subjects
 		_, err = c.Update(ctx, cur, metav1.UpdateOptions{})

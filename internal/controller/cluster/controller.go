@@ -55,6 +55,9 @@ type Reconciler struct {
 const (
 	recheckReady   = 30 * time.Second
 	recheckWaiting = 5 * time.Second
+	// recheckInitializing: how often the endpoint is asked whether the
+	// first API server answers.
+	recheckInitializing = time.Second
 )
 
 // What the Cluster controller may do in the management plane (config/rbac).
@@ -160,8 +163,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err := r.endpointBackends(ctx, cluster, prov, set, result.Machines); err != nil {
 		return ctrl.Result{}, err
 	}
-	if setReady(cluster) {
+	switch {
+	case setReady(cluster):
 		return ctrl.Result{RequeueAfter: recheckReady}, nil
+	case !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ClusterControlPlaneInitializedCondition):
+		// Its first answer is awaited by every machine of the cluster.
+		return ctrl.Result{RequeueAfter: recheckInitializing}, nil
 	}
 	return ctrl.Result{RequeueAfter: recheckWaiting}, nil
 }

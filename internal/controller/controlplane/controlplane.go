@@ -52,6 +52,9 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 	}
 	etcd := cp.observeEtcd(ctx, cluster, set, machines)
 	facts := factsOf(cluster, machines, etcd)
+	if !facts.Initialized && len(machines) > 0 {
+		facts.Initialized = endpointReady(ctx, cluster, set)
+	}
 	if facts.Initialized {
 		setCondition(cluster, clusterv1.ClusterControlPlaneInitializedCondition, metav1.ConditionTrue, clusterv1.ClusterControlPlaneInitializedReason, "")
 	} else {

@@ -276,6 +276,15 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 // cluster returns access to the machine's workload cluster, or reports on
 // condition t why there is none.
 func (r *Reconciler) cluster(ctx context.Context, m *clusterv1.Machine, t string) (*remote.Cluster, ctrl.Result, error) {
+	// A control plane marina makes does not answer for a while: waiting
+	// for it to say so beats retrying into an ever longer backoff.
+	cluster := &clusterv1.Cluster{}
+	if err := r.client.Get(ctx, clusterKey(m), cluster); err == nil && !controlPlaneInitialized(cluster) {
+		setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
+			fmt.Sprintf("waiting for cluster %s's control plane to answer", m.Spec.ClusterName))
+		setReady(m)
+		return nil, ctrl.Result{}, nil // the Cluster watch brings the machine back
+	}
 	cl, err := r.clusters.Get(ctx, clusterKey(m))
 	switch {
 	case err == nil:

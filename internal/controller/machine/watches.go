@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -61,12 +62,18 @@ func (r *Reconciler) machinesForCluster(ctx context.Context, o client.Object) []
 	return r.requestsFor(ctx, client.InNamespace(o.GetNamespace()), client.MatchingFields{clusterNameIndex: o.GetName()})
 }
 
-// clusterGoingPredicate passes a Cluster's deletion only: its other changes
-// mean nothing to its machines.
+// clusterGoingPredicate passes a Cluster's deletion, and the moment its
+// control plane first answers (machines wait for it without retrying):
+// its other changes mean nothing to its machines.
 var clusterGoingPredicate = predicate.Funcs{
 	CreateFunc: func(event.CreateEvent) bool { return false },
 	UpdateFunc: func(e event.UpdateEvent) bool {
-		return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
+		if e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil {
+			return true
+		}
+		old, ok1 := e.ObjectOld.(*clusterv1.Cluster)
+		cur, ok2 := e.ObjectNew.(*clusterv1.Cluster)
+		return ok1 && ok2 && !controlPlaneInitialized(old) && controlPlaneInitialized(cur)
 	},
 	DeleteFunc:  func(event.DeleteEvent) bool { return true },
 	GenericFunc: func(event.GenericEvent) bool { return false },
@@ -144,4 +151,11 @@ func gvkOf(raw []byte) schema.GroupVersionKind {
 		return schema.GroupVersionKind{}
 	}
 	return schema.FromAPIVersionAndKind(tm.APIVersion, tm.Kind)
+}
+
+// controlPlaneInitialized: the cluster's control plane has answered once,
+// or someone else runs it.
+func controlPlaneInitialized(c *clusterv1.Cluster) bool {
+	return c.Annotations[clusterv1.ExternalControlPlaneAnnotation] == "true" ||
+		meta.IsStatusConditionTrue(c.Status.Conditions, clusterv1.ClusterControlPlaneInitializedCondition)
 }
