@@ -239,9 +239,10 @@ func nodeSettableLabel(key string) bool {
 
 // componentVersions are the versions this machine's components run: the
 // API server's from its own /version, the others' from the manifests the
-// supervisor runs them from (the binary named by that version).
-func (a *agent) componentVersions(ctx context.Context) clusterv1.ComponentVersions {
-	var v clusterv1.ComponentVersions
+// supervisor runs them from (the binary named by that version). ok is
+// false when the API server did not say: a report without it would read
+// as an unknown version.
+func (a *agent) componentVersions(ctx context.Context) (v clusterv1.ComponentVersions, ok bool) {
 	for _, st := range a.cp.supervisor.Status() {
 		if st.State != components.Running {
 			continue
@@ -255,10 +256,12 @@ func (a *agent) componentVersions(ctx context.Context) clusterv1.ComponentVersio
 			v.Etcd = st.Version
 		}
 	}
-	if info, err := a.cs.Discovery().ServerVersion(); err == nil {
-		v.APIServer = info.GitVersion
+	info, err := a.cs.Discovery().ServerVersion()
+	if err != nil {
+		return v, false
 	}
-	return v
+	v.APIServer = info.GitVersion
+	return v, true
 }
 
 // keepVersions keeps the control-plane versions annotation of the Node
@@ -266,7 +269,11 @@ func (a *agent) componentVersions(ctx context.Context) clusterv1.ComponentVersio
 func (a *agent) keepVersions(ctx context.Context, node nodeRef) {
 	last := ""
 	update := func(ctx context.Context) {
-		data, err := json.Marshal(a.componentVersions(ctx))
+		v, ok := a.componentVersions(ctx)
+		if !ok {
+			return
+		}
+		data, err := json.Marshal(v)
 		if err != nil || string(data) == last {
 			return
 		}

@@ -27,6 +27,7 @@ import (
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/tools"
 )
 
 // The README's path for a cluster (issue: clusters): apply
@@ -71,9 +72,19 @@ func TestUpMakesTheMinimalClusterReal(t *testing.T) {
 		t.Errorf("the workload API server reports %s, want v1.37.2", ver.GitVersion)
 	}
 	checkNodes(t, ctx, workload)
-	if cluster.Status.ControlPlane.ReadyReplicas != 1 || cluster.Status.ControlPlane.Components.APIServer != "v1.37.2" {
-		t.Errorf("status.controlPlane = %+v, want 1 ready replica running kube-apiserver v1.37.2", cluster.Status.ControlPlane)
-	}
+	// The versions are the components' own word, reported by the agent
+	// every few seconds.
+	testenv.Eventually(t, 30*time.Second, "status.controlPlane reports what runs", func() error {
+		if err := c.Get(ctx, key, cluster); err != nil {
+			return err
+		}
+		st := cluster.Status.ControlPlane
+		want := clusterv1.ComponentVersions{APIServer: "v1.37.2", ControllerManager: "v1.37.2", Scheduler: "v1.37.2", Etcd: tools.Pinned().Etcd}
+		if st.ReadyReplicas != 1 || st.Components != want || st.Version != "v1.37.2" {
+			return fmt.Errorf("status.controlPlane = %+v, want 1 ready replica running %+v", st, want)
+		}
+		return nil
+	})
 
 	t.Run("a killed component is restarted and the cluster stays Ready", func(t *testing.T) {
 		pid := componentPID(t, root, "kube-scheduler")
