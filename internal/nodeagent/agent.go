@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"marina.dev/marina/internal/bootstraptoken"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
@@ -93,6 +94,13 @@ func run(ctx context.Context, dir string, t timing) error {
 		// Every component is stopped before the agent returns: none
 		// outlives its machine's agent.
 		defer func() { cancel(); <-a.cp.done }()
+	} else if bootstraptoken.Is(b.Token) {
+		if a.cs, err = tlsBootstrap(ctx, dir, b); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped before it could join
+			}
+			return err
+		}
 	} else {
 		a.token = newBearerToken(b.Token)
 		if a.cs, err = newClient(b, a.token); err != nil {

@@ -123,9 +123,11 @@ func (a *agent) labels() map[string]string {
 		"kubernetes.io/arch": runtime.GOARCH,
 	}
 	for k, v := range a.boot.Labels {
-		// A control-plane machine registers as a node (NodeRestriction),
-		// which may not set every label on itself.
-		if a.cp == nil || nodeSettableLabel(k) {
+		// An agent with a node's credential (a control-plane machine, or a
+		// worker after TLS bootstrap) is held by NodeRestriction, which
+		// refuses some labels a node sets on itself; the machine controller
+		// adds those with admin credentials.
+		if a.token != nil || nodeSettableLabel(k) {
 			l[k] = v
 		}
 	}

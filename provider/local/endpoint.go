@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"marina.dev/marina/internal/files"
@@ -28,6 +29,15 @@ const endpointsDir = ".endpoints"
 // EndpointPort is the port of every local cluster's endpoint, on an
 // address of its own.
 const EndpointPort = 6443
+
+// endpointDrain is how long the connections to an API server that left
+// the endpoint (its machine is being deleted, or it fails /readyz) are kept
+// before they are closed, so that their clients reconnect to one that
+// serves. The balancer's default of 30s suits any backend; a control-plane
+// machine being removed loses its etcd member moments later (the control
+// plane waits controlplane.EndpointDrainWait for this), and its clients
+// would see errors for the rest of those 30s.
+const endpointDrain = 2 * time.Second
 
 // endpointStartTimeout bounds a balancer's start; it listens within
 // milliseconds.
@@ -156,7 +166,7 @@ func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, err
 	if err != nil {
 		return loadbalancer.FileConfig{}, err
 	}
-	cfg := loadbalancer.FileConfig{Listen: net.JoinHostPort(addr, strconv.Itoa(EndpointPort))}
+	cfg := loadbalancer.FileConfig{Listen: net.JoinHostPort(addr, strconv.Itoa(EndpointPort)), Drain: metav1.Duration{Duration: endpointDrain}}
 	if err := os.MkdirAll(filepath.Join(p.root, endpointsDir), 0o700); err != nil {
 		return loadbalancer.FileConfig{}, err
 	}

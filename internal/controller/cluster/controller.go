@@ -166,6 +166,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	switch {
 	case setReady(cluster):
 		return ctrl.Result{RequeueAfter: recheckReady}, nil
+	case result.Step.RequeueAfter > 0:
+		return ctrl.Result{RequeueAfter: result.Step.RequeueAfter}, nil
 	case !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ClusterControlPlaneInitializedCondition):
 		// Its first answer is awaited by every machine of the cluster.
 		return ctrl.Result{RequeueAfter: recheckInitializing}, nil

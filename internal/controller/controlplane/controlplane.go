@@ -51,7 +51,7 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 		return nil, err
 	}
 	etcd := cp.observeEtcd(ctx, cluster, set, machines)
-	facts := factsOf(cluster, machines, etcd)
+	facts := factsOf(cluster, machines, etcd, time.Now())
 	if !facts.Initialized && len(machines) > 0 {
 		facts.Initialized = endpointReady(ctx, cluster, set)
 	}
@@ -95,7 +95,14 @@ func (cp *ControlPlane) Machines(ctx context.Context, cluster *clusterv1.Cluster
 	return ms, nil
 }
 
-func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etcdState) Facts {
+func deletingFor(m *clusterv1.Machine, now time.Time) time.Duration {
+	if m.DeletionTimestamp.IsZero() {
+		return 0
+	}
+	return now.Sub(m.DeletionTimestamp.Time)
+}
+
+func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etcdState, now time.Time) Facts {
 	f := Facts{
 		Replicas:    int(cluster.Spec.ControlPlane.Replicas),
 		Stacked:     stacked(cluster),
@@ -110,11 +117,12 @@ func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etc
 	for i := range machines {
 		m := &machines[i]
 		mf := Machine{
-			Name:     m.Name,
-			Ready:    machineReady(m),
-			Deleting: !m.DeletionTimestamp.IsZero(),
-			Made:     address(m) != "",
-			Hook:     hasHook(m),
+			Name:        m.Name,
+			Ready:       machineReady(m),
+			Deleting:    !m.DeletionTimestamp.IsZero(),
+			DeletingFor: deletingFor(m, now),
+			Made:        address(m) != "",
+			Hook:        hasHook(m),
 		}
 		if member := etcd.memberOf(m); member != nil {
 			mf.Member, mf.MemberHealthy = true, member.Healthy

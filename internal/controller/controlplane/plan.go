@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Machine is what the planner knows of one control-plane machine.
@@ -11,8 +12,9 @@ type Machine struct {
 	Name string
 	// Ready: its Node is Ready (its agent and API server answer).
 	Ready bool
-	// Deleting: it has a deletion timestamp.
-	Deleting bool
+	// Deleting: it has a deletion timestamp, DeletingFor this long.
+	Deleting    bool
+	DeletingFor time.Duration
 	// Hook: it still holds the etcd pre-terminate hook.
 	Hook bool
 	// Made: the provider made it (it has an address); one never made has
@@ -65,6 +67,8 @@ type Step struct {
 	Machine string // Delete, Release
 	Init    bool   // Create: the machine starts a new cluster
 	Reason  string // Wait: why, for the conditions
+	// RequeueAfter: a Wait that ends by itself, after this long.
+	RequeueAfter time.Duration
 }
 
 // Plan returns the next step. It is a pure function: the control plane
@@ -111,11 +115,22 @@ func Plan(f Facts) Step {
 	return Step{Action: Done}
 }
 
+// EndpointDrainWait is how long a machine being deleted keeps its etcd
+// member: the endpoint stops sending to its API server first (the cluster
+// controller takes it out of the backends at once; the local balancer
+// applies that within a second and closes what is left two seconds
+// later), so that no client is left on an API server whose etcd is gone.
+const EndpointDrainWait = 5 * time.Second
+
 // release lets m's deletion go on when removing its etcd member keeps a
 // quorum of healthy members (M14); otherwise it waits and says why.
 func release(f Facts, m Machine) Step {
 	if !f.Stacked || !m.Made || !m.Member {
 		return Step{Action: Release, Machine: m.Name}
+	}
+	if m.DeletingFor < EndpointDrainWait {
+		return Step{Action: Wait, Reason: fmt.Sprintf("waiting for the endpoint to stop sending to %s before removing its etcd member", m.Name),
+			RequeueAfter: EndpointDrainWait - m.DeletingFor}
 	}
 	if !f.EtcdKnown {
 		return Step{Action: Wait, Reason: fmt.Sprintf("cannot remove the etcd member of %s: no etcd member answers", m.Name)}

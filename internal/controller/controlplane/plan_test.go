@@ -3,13 +3,14 @@ package controlplane
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func ready(name string) Machine {
 	return Machine{Name: name, Ready: true, Made: true, Hook: true, Member: true, MemberHealthy: true}
 }
 
-func deleting(m Machine) Machine { m.Deleting = true; return m }
+func deleting(m Machine) Machine { m.Deleting, m.DeletingFor = true, time.Minute; return m }
 
 func TestPlan(t *testing.T) {
 	sick := ready("cp-1")
@@ -65,6 +66,10 @@ func TestPlan(t *testing.T) {
 			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{deleting(ready("cp-0")), sick, ready("cp-2")}, Members: 3, HealthyMembers: 2, EtcdKnown: true},
 			want:   Step{Action: Wait},
 			reason: "below the quorum of 2"},
+		{name: "a member stays until the endpoint has stopped sending to its API server",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), {Name: "cp-1", Ready: true, Made: true, Hook: true, Member: true, MemberHealthy: true, Deleting: true, DeletingFor: time.Second}, ready("cp-2")}, Members: 3, HealthyMembers: 3, EtcdKnown: true},
+			want:   Step{Action: Wait, RequeueAfter: EndpointDrainWait - time.Second},
+			reason: "endpoint to stop sending to cp-1"},
 		{name: "a machine never made holds no member and goes at once",
 			facts: Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), neverMade}},
 			want:  Step{Action: Release, Machine: "cp-2"}},

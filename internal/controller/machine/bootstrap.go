@@ -9,9 +9,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/bootstraptoken"
 	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
@@ -20,9 +22,9 @@ import (
 // agentTokenTTL is how long a new machine's agent credential lives.
 const agentTokenTTL = 30 * 24 * time.Hour
 
-// identityCache remembers the workload clusters whose node-agent identity
-// (ServiceAccount and RBAC) is in place, so it is ensured once per cluster
-// and process rather than once per machine.
+// identityCache remembers the workload clusters where something (the
+// node-agent identity, the TLS bootstrap RBAC) is in place, so that it is
+// ensured once per cluster and process rather than once per machine.
 type identityCache struct {
 	mu   sync.Mutex
 	done map[string]bool // keyed by API server URL
@@ -47,11 +49,42 @@ func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine) (*p
 	if cl == nil {
 		return nil, res, err
 	}
-	boot, err := r.bootstrap(ctx, cl)
+	var boot provider.Bootstrap
+	if r.madeByMarina(ctx, m) {
+		boot, err = r.bootstrapToken(ctx, m, cl)
+	} else {
+		boot, err = r.bootstrap(ctx, cl)
+	}
 	if err != nil {
 		return nil, ctrl.Result{}, err
 	}
 	return &boot, ctrl.Result{}, nil
+}
+
+// madeByMarina: the machine's cluster is one whose control plane marina
+// runs (workers join it with bootstrap tokens), not one someone else runs
+// (workers get a ServiceAccount token of it).
+func (r *Reconciler) madeByMarina(ctx context.Context, m *clusterv1.Machine) bool {
+	cluster := &clusterv1.Cluster{}
+	if err := r.client.Get(ctx, clusterKey(m), cluster); err != nil {
+		return false
+	}
+	return cluster.Annotations[clusterv1.ExternalControlPlaneAnnotation] != "true"
+}
+
+// bootstrapToken hands a worker a short-lived bootstrap token of its
+// cluster, for TLS bootstrap: the agent trades it for its own node
+// certificate, and never holds more than a node may do.
+func (r *Reconciler) bootstrapToken(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster) (provider.Bootstrap, error) {
+	if err := r.bootstrapRBAC.ensure(ctx, cl, bootstraptoken.EnsureRBAC); err != nil {
+		return provider.Bootstrap{}, fmt.Errorf("allowing TLS bootstrap in the workload cluster: %w", err)
+	}
+	token, err := bootstraptoken.Ensure(ctx, cl.Clientset, m.UID, bootstraptoken.DefaultTTL, time.Now())
+	if err != nil {
+		r.bootstrapRBAC.forget(cl)
+		return provider.Bootstrap{}, err
+	}
+	return provider.Bootstrap{Server: cl.Config.Host, CAData: cl.Config.CAData, Token: token}, nil
 }
 
 // controlPlaneVersions are the versions the Node's agent says its
@@ -73,7 +106,7 @@ func controlPlaneVersions(node *corev1.Node) *clusterv1.ComponentVersions {
 // workload cluster. It never hands out the management plane's credentials,
 // nor the cluster's admin credentials.
 func (r *Reconciler) bootstrap(ctx context.Context, cl *remote.Cluster) (provider.Bootstrap, error) {
-	if err := r.identity.ensure(ctx, cl); err != nil {
+	if err := r.identity.ensure(ctx, cl, nodeagent.EnsureIdentity); err != nil {
 		return provider.Bootstrap{}, err
 	}
 	token, err := nodeagent.IssueToken(ctx, cl.Clientset, agentTokenTTL)
@@ -86,7 +119,7 @@ func (r *Reconciler) bootstrap(ctx context.Context, cl *remote.Cluster) (provide
 	return provider.Bootstrap{Server: cl.Config.Host, CAData: cl.Config.CAData, Token: token}, nil
 }
 
-func (c *identityCache) ensure(ctx context.Context, cl *remote.Cluster) error {
+func (c *identityCache) ensure(ctx context.Context, cl *remote.Cluster, ensure func(context.Context, kubernetes.Interface) error) error {
 	c.mu.Lock()
 	done := c.done[cl.Config.Host]
 	c.mu.Unlock()
@@ -95,8 +128,8 @@ func (c *identityCache) ensure(ctx context.Context, cl *remote.Cluster) error {
 	}
 	// Not under the lock: a slow cluster must not hold up the others, and
 	// EnsureIdentity is idempotent, so two concurrent calls do no harm.
-	if err := nodeagent.EnsureIdentity(ctx, cl.Clientset); err != nil {
-		return fmt.Errorf("creating the node agent identity in the workload cluster: %w", err)
+	if err := ensure(ctx, cl.Clientset); err != nil {
+		return fmt.Errorf("in the workload cluster: %w", err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

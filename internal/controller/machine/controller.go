@@ -65,6 +65,8 @@ type Reconciler struct {
 	// done ends blocked sends to nodeEvents when the manager stops.
 	done     <-chan struct{}
 	identity identityCache
+	// bootstrapRBAC: the clusters where TLS bootstrap is allowed.
+	bootstrapRBAC identityCache
 }
 
 // Field indexes on Machines in the management cache.

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/bootstraptoken"
 	"marina.dev/marina/internal/class"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
@@ -257,6 +258,13 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 			fmt.Sprintf("waiting for a Node with spec.providerID %s to register", m.Status.ProviderID))
 		setReady(m)
 		return ctrl.Result{}, nil // the Node watch brings the machine back
+	}
+	if m.Status.NodeRef == nil && !hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) && r.madeByMarina(ctx, m) {
+		// The worker has joined: its bootstrap token has served. Were this
+		// lost to a crash, the token expires on its own.
+		if err := bootstraptoken.Delete(ctx, cl.Clientset, m.UID); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Deleting the bootstrap token of a joined machine")
+		}
 	}
 	m.Status.NodeRef = &clusterv1.NodeReference{Name: node.Name, UID: string(node.UID)}
 	m.Status.Versions.Kubelet = node.Status.NodeInfo.KubeletVersion

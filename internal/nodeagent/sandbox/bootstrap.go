@@ -25,6 +25,10 @@ const (
 	// plane's document (bootstrap.Config, JSON; mode 0600: it holds the
 	// cluster's CA keys).
 	ControlPlaneFile = "controlplane.json"
+	// NodeCertFile and NodeKeyFile hold the worker's node credential, got by
+	// TLS bootstrap (mode 0600).
+	NodeCertFile = "node.crt"
+	NodeKeyFile  = "node.key"
 )
 
 // Bootstrap is everything a node agent knows about its machine and its

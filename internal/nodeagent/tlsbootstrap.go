@@ -1,0 +1,152 @@
+package nodeagent
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
+	"k8s.io/klog/v2"
+
+	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/nodeagent/sandbox"
+)
+
+// csrTimeout bounds one wait for kube-controller-manager to approve and
+// sign the node's certificate request.
+const csrTimeout = 2 * time.Minute
+
+// tlsBootstrap returns a client that authenticates as the node with its own
+// certificate: the one in the sandbox if it is still good, or a new one
+// asked for with the machine's bootstrap token, as a kubelet does (a CSR
+// for system:node:<name>, signer kube-apiserver-client-kubelet, approved
+// and signed by the cluster's kube-controller-manager). It retries until
+// ctx ends: the control plane may still be coming up.
+func tlsBootstrap(ctx context.Context, dir string, b *sandbox.Bootstrap) (kubernetes.Interface, error) {
+	certPath, keyPath := filepath.Join(dir, sandbox.NodeCertFile), filepath.Join(dir, sandbox.NodeKeyFile)
+	certPEM, keyPEM, err := readNodeCredential(certPath, keyPath)
+	if err != nil {
+		log := klog.FromContext(ctx)
+		delay := time.Second
+		for {
+			certPEM, keyPEM, err = requestNodeCertificate(ctx, b)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			log.Error(err, "TLS bootstrap failed, retrying", "after", delay)
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, 30*time.Second)
+		}
+		// The key first: a certificate without its key is useless, a key
+		// without its certificate is asked for again.
+		if err := files.WriteAtomic(keyPath, keyPEM, 0o600); err != nil {
+			return nil, err
+		}
+		if err := files.WriteAtomic(certPath, certPEM, 0o600); err != nil {
+			return nil, err
+		}
+		log.Info("Got the node's client certificate by TLS bootstrap")
+	}
+	cfg := nodeRESTConfig(b)
+	cfg.TLSClientConfig.CertData, cfg.TLSClientConfig.KeyData = certPEM, keyPEM
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building the node's client: %w", err)
+	}
+	return cs, nil
+}
+
+// readNodeCredential returns the node's certificate and key if both exist
+// and the certificate is valid for at least another hour.
+func readNodeCredential(certPath, keyPath string) (certPEM, keyPEM []byte, err error) {
+	if certPEM, err = os.ReadFile(certPath); err != nil {
+		return nil, nil, err
+	}
+	if keyPEM, err = os.ReadFile(keyPath); err != nil {
+		return nil, nil, err
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the node's certificate and key do not match: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	if time.Until(leaf.NotAfter) < time.Hour {
+		return nil, nil, errors.New("the node's certificate expires within the hour")
+	}
+	return certPEM, keyPEM, nil
+}
+
+// requestNodeCertificate makes a key, asks for its certificate with the
+// bootstrap token and waits until it is signed.
+func requestNodeCertificate(ctx context.Context, b *sandbox.Bootstrap) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	request, err := cert.MakeCSR(key, &pkix.Name{CommonName: "system:node:" + b.NodeName, Organization: []string{"system:nodes"}}, nil, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("making the certificate request: %w", err)
+	}
+	cfg := nodeRESTConfig(b)
+	cfg.BearerToken = b.Token
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	name, uid, err := csr.RequestCertificateWithContext(ctx, client, request, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil,
+		[]certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("asking for the node's certificate: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, csrTimeout)
+	defer cancel()
+	certPEM, err = csr.WaitForCertificate(wctx, client, name, uid)
+	if err != nil {
+		return nil, nil, fmt.Errorf("waiting for certificate request %s to be signed: %w", name, err)
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+// nodeRESTConfig is the worker's connection to its cluster, without
+// credentials.
+func nodeRESTConfig(b *sandbox.Bootstrap) *rest.Config {
+	return &rest.Config{
+		Host:            b.Server,
+		TLSClientConfig: rest.TLSClientConfig{CAData: []byte(b.CAPEM)},
+		UserAgent:       "marina-node-agent/" + b.NodeName,
+		ContentConfig: rest.ContentConfig{
+			ContentType:        "application/vnd.kubernetes.protobuf",
+			AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json",
+		},
+		QPS:   5,
+		Burst: 10,
+	}
+}
