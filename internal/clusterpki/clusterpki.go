@@ -63,7 +63,8 @@ func SecretName(cluster, purpose string) string { return cluster + "-" + purpose
 type Set struct {
 	// CA signs the cluster's API server, kubelet and client certificates.
 	CA *pki.KeyPair
-	// Etcd signs etcd's server, peer and client certificates.
+	// Etcd signs etcd's server, peer and client certificates; nil with
+	// external etcd.
 	Etcd *pki.KeyPair
 	// FrontProxy signs the API server's front-proxy client certificate.
 	FrontProxy *pki.KeyPair
@@ -98,8 +99,11 @@ func Ensure(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, no
 	} else if set.CA, err = ensureCA(ctx, c, cluster, ClusterCA, "kubernetes"); err != nil {
 		return nil, err
 	}
-	if set.Etcd, err = ensureCA(ctx, c, cluster, EtcdCA, "etcd-ca"); err != nil {
-		return nil, err
+	// An external etcd has its own CA, named in its Secret.
+	if cluster.Spec.ControlPlane.Etcd.Type != clusterv1.EtcdExternal {
+		if set.Etcd, err = ensureCA(ctx, c, cluster, EtcdCA, "etcd-ca"); err != nil {
+			return nil, err
+		}
 	}
 	if set.FrontProxy, err = ensureCA(ctx, c, cluster, FrontProxyCA, "front-proxy-ca"); err != nil {
 		return nil, err

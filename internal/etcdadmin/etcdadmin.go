@@ -162,3 +162,13 @@ func (c *Client) Remove(ctx context.Context, id uint64) error {
 	}
 	return nil
 }
+
+// Count returns how many keys are stored under key (exactly): a check that
+// a cluster's data is where it should be.
+func (c *Client) Count(ctx context.Context, key string) (int64, error) {
+	resp, err := c.c.Get(ctx, key, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("reading etcd key %s: %w", key, err)
+	}
+	return resp.Count, nil
+}

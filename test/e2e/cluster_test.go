@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -84,6 +85,51 @@ func TestUpMakesTheMinimalClusterReal(t *testing.T) {
 			return fmt.Errorf("status.controlPlane = %+v, want 1 ready replica running %+v", st, want)
 		}
 		return nil
+	})
+
+	t.Run("workers joined as nodes by TLS bootstrap", func(t *testing.T) {
+		testenv.Eventually(t, 30*time.Second, "no bootstrap token left once the workers joined", func() error {
+			secrets, err := workload.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+			if err != nil {
+				return err
+			}
+			if n := len(secrets.Items); n > 0 {
+				return fmt.Errorf("%d bootstrap tokens left", n)
+			}
+			return nil
+		})
+		worker := &clusterv1.Machine{}
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "minimal-worker-0"}, worker); err != nil {
+			t.Fatal(err)
+		}
+		// The worker's own credential is a node's: the Node authorizer and
+		// NodeRestriction let it touch its own Node only.
+		sandboxDir := filepath.Join(root, string(worker.UID))
+		certPEM, err := os.ReadFile(filepath.Join(sandboxDir, "node.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyPEM, err := os.ReadFile(filepath.Join(sandboxDir, "node.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info, err := os.Stat(filepath.Join(sandboxDir, "node.key")); err != nil || info.Mode().Perm() != 0o600 {
+			t.Errorf("node.key: %v, mode %v; want 0600", err, info.Mode())
+		}
+		cfg := rest.CopyConfig(workloadConfig(t, ctx, c, key))
+		cfg.TLSClientConfig.CertData, cfg.TLSClientConfig.KeyData = certPEM, keyPEM
+		asNode, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := asNode.CoreV1().Nodes().Get(ctx, worker.Status.NodeRef.Name, metav1.GetOptions{}); err != nil {
+			t.Errorf("the worker cannot read its own Node: %v", err)
+		}
+		other := "minimal-worker-1"
+		patch := []byte(`{"metadata":{"labels":{"example.marina.dev/hijacked":"true"}}}`)
+		if _, err := asNode.CoreV1().Nodes().Patch(ctx, other, types.MergePatchType, patch, metav1.PatchOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("worker-0's credential patched Node %s (err %v), want Forbidden", other, err)
+		}
 	})
 
 	t.Run("a killed component is restarted and the cluster stays Ready", func(t *testing.T) {
@@ -175,6 +221,15 @@ func mgmtClient(t *testing.T, stateDir string) client.Client {
 // kubeconfig marina keeps in <cluster>-kubeconfig.
 func workloadClient(t *testing.T, ctx context.Context, c client.Client, key types.NamespacedName) kubernetes.Interface {
 	t.Helper()
+	cs, err := kubernetes.NewForConfig(workloadConfig(t, ctx, c, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func workloadConfig(t *testing.T, ctx context.Context, c client.Client, key types.NamespacedName) *rest.Config {
+	t.Helper()
 	secret := &corev1.Secret{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: remote.KubeconfigSecretName(key.Name)}, secret); err != nil {
 		t.Fatal(err)
@@ -183,11 +238,7 @@ func workloadClient(t *testing.T, ctx context.Context, c client.Client, key type
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs
+	return cfg
 }
 
 func machinesRunning(ctx context.Context, c client.Client, want int) error {
