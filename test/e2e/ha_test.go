@@ -52,6 +52,7 @@ func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
 
 	t.Run("a deleted control-plane machine is replaced, its member removed first", func(t *testing.T) {
 		victim := controlPlaneMachines(t, ctx, c, key)[1]
+		t.Logf("%s: deleting %s", time.Now().Format("15:04:05.000"), victim.Name)
 		if out, err := u.kubectl(t, "delete", "machine", victim.Name, "--wait=false"); err != nil {
 			t.Fatalf("kubectl delete machine: %v\n%s", err, out)
 		}
@@ -69,6 +70,7 @@ func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
 
 	t.Run("scaling 3 → 1 → 3 keeps a quorum", func(t *testing.T) {
 		for _, replicas := range []int{1, 3} {
+			t.Logf("%s: scaling to %d", time.Now().Format("15:04:05.000"), replicas)
 			patch := fmt.Sprintf(`{"spec":{"controlPlane":{"replicas":%d}}}`, replicas)
 			if out, err := u.kubectl(t, "patch", "cluster", "ha", "--type=merge", "-p", patch); err != nil {
 				t.Fatalf("kubectl patch: %v\n%s", err, out)
@@ -79,6 +81,9 @@ func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
 
 	longest, failures, writes := w.stop()
 	t.Logf("writer: %d writes, %d failed, longest outage %s", writes, failures, longest)
+	for _, o := range w.outages {
+		t.Logf("outage at %s for %s: %s", o.at.Format("15:04:05.000"), o.lasted, o.err)
+	}
 	if writes < 100 {
 		t.Errorf("the writer made only %d writes", writes)
 	}
@@ -167,8 +172,16 @@ type writer struct {
 	mu               sync.Mutex
 	longest          time.Duration
 	failures, writes int
+	outages          []outage
 	cancel           context.CancelFunc
 	done             chan struct{}
+}
+
+// outage is a run of failed writes: when it began, how long, the first error.
+type outage struct {
+	at     time.Time
+	lasted time.Duration
+	err    string
 }
 
 func startWriter(ctx context.Context, cs kubernetes.Interface) *writer {
@@ -193,7 +206,9 @@ func startWriter(ctx context.Context, cs kubernetes.Interface) *writer {
 				w.failures++
 				if failingSince.IsZero() {
 					failingSince = now
+					w.outages = append(w.outages, outage{at: now, err: err.Error()})
 				}
+				w.outages[len(w.outages)-1].lasted = now.Sub(failingSince)
 				w.longest = max(w.longest, now.Sub(failingSince))
 			} else {
 				failingSince = time.Time{}
