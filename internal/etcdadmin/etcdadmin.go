@@ -25,7 +25,10 @@ type Member struct {
 	Name string // empty while an added member has not started
 	// PeerURLs and ClientURLs as the member advertises them.
 	PeerURLs, ClientURLs []string
-	// Healthy: the member answered a status request (set by Members).
+	// Learner: the member does not vote yet.
+	Learner bool
+	// Healthy: the member answered a status request (set by Members) and
+	// votes.
 	Healthy bool
 }
 
@@ -100,7 +103,7 @@ func (c *Client) List(ctx context.Context) ([]Member, error) {
 	}
 	out := make([]Member, 0, len(resp.Members))
 	for _, m := range resp.Members {
-		out = append(out, Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs})
+		out = append(out, Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, Learner: m.IsLearner})
 	}
 	return out, nil
 }
@@ -123,7 +126,7 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 			defer wg.Done()
 			for _, u := range m.ClientURLs {
 				if st, err := c.c.Status(ctx, u); err == nil && len(st.Errors) == 0 {
-					m.Healthy = true
+					m.Healthy = !m.Learner
 					return
 				}
 			}
@@ -133,9 +136,12 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 	return members, nil
 }
 
-// Add adds a member with peerURL unless one with that peer URL exists (a
-// retry after a crash), and returns the members afterwards and the one
-// with peerURL.
+// Add adds a member with peerURL, as a learner (a non-voting member that
+// catches up before Promote makes it vote, so that adding it never costs
+// the cluster its quorum, as adding a voter to a one-member cluster would
+// until the new member runs), unless one with that peer URL exists (a
+// retry after a crash). It returns the members afterwards and the one with
+// peerURL.
 func (c *Client) Add(ctx context.Context, peerURL string) (members []Member, added Member, err error) {
 	members, err = c.List(ctx)
 	if err != nil {
@@ -144,15 +150,25 @@ func (c *Client) Add(ctx context.Context, peerURL string) (members []Member, add
 	if i := slices.IndexFunc(members, func(m Member) bool { return slices.Contains(m.PeerURLs, peerURL) }); i >= 0 {
 		return members, members[i], nil
 	}
-	resp, err := c.c.MemberAdd(ctx, []string{peerURL})
+	resp, err := c.c.MemberAddAsLearner(ctx, []string{peerURL})
 	if err != nil {
 		return nil, Member{}, fmt.Errorf("adding etcd member %s: %w", peerURL, err)
 	}
 	members = members[:0]
 	for _, m := range resp.Members {
-		members = append(members, Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs})
+		members = append(members, Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, Learner: m.IsLearner})
 	}
-	return members, Member{ID: resp.Member.ID, PeerURLs: resp.Member.PeerURLs}, nil
+	return members, Member{ID: resp.Member.ID, PeerURLs: resp.Member.PeerURLs, Learner: true}, nil
+}
+
+// Promote makes a learner a voting member. etcd refuses while the learner
+// has not caught up with the leader: the caller retries. A member that
+// votes already is not an error.
+func (c *Client) Promote(ctx context.Context, id uint64) error {
+	if _, err := c.c.MemberPromote(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrMemberNotLearner) {
+		return fmt.Errorf("promoting etcd member %x: %w", id, err)
+	}
+	return nil
 }
 
 // Remove removes the member with id; nil when it is gone already.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,7 +73,7 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 	if b.BinDir == "" {
 		return nil, nil, errors.New("the sandbox names no directory of component binaries (binDir)")
 	}
-	etcd, err := etcdConfig(ctx, dir, b, cfg, set)
+	etcd, promote, err := etcdConfig(ctx, dir, b, cfg, set)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -103,6 +104,9 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 			log.Error(err, "Component supervisor failed")
 		}
 	}()
+	if promote != nil {
+		go promote(ctx)
+	}
 	cs, err := nodeClient(b, set.CA)
 	if err != nil {
 		return nil, nil, err
@@ -112,31 +116,38 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 }
 
 // etcdConfig is this machine's place in the cluster's etcd. A new stacked
-// member that is to join adds itself through the running members before
-// etcd starts (etcd's member add), unless its data exists already (a
-// restart) or it is a member already (a crash after the add): the add is
-// keyed by its peer URL.
-func etcdConfig(ctx context.Context, dir string, b *sandbox.Bootstrap, cfg *bootstrap.Config, set *clusterpki.Set) (bootstrap.EtcdConfig, error) {
+// member that is to join adds itself as a learner through the running
+// members before etcd starts (etcd's member add), unless it is a member
+// already (a crash after the add: the add is keyed by its peer URL); the
+// returned promote, run once etcd runs, makes it a voter as soon as it has
+// caught up. A restart (its data exists) joins nothing, but still promotes
+// a learner a crash left.
+func etcdConfig(ctx context.Context, dir string, b *sandbox.Bootstrap, cfg *bootstrap.Config, set *clusterpki.Set) (bootstrap.EtcdConfig, func(context.Context), error) {
 	if x := cfg.Etcd.External; x != nil {
-		return bootstrap.EtcdConfig{External: x}, nil
+		return bootstrap.EtcdConfig{External: x}, nil, nil
 	}
 	join := cfg.Etcd.Stacked.Join
-	if len(join) == 0 || etcdDataExists(dir) {
-		return bootstrap.EtcdConfig{Stacked: &bootstrap.StackedEtcd{}}, nil
+	if len(join) == 0 {
+		return bootstrap.EtcdConfig{Stacked: &bootstrap.StackedEtcd{}}, nil, nil
 	}
 	pair, err := set.Etcd.Issue(pki.CertSpec{CommonName: "marina-node-agent:" + b.NodeName, Usage: pki.ClientAuth})
 	if err != nil {
-		return bootstrap.EtcdConfig{}, fmt.Errorf("issuing an etcd client certificate: %w", err)
+		return bootstrap.EtcdConfig{}, nil, fmt.Errorf("issuing an etcd client certificate: %w", err)
 	}
 	key, err := pair.KeyPEM()
 	if err != nil {
-		return bootstrap.EtcdConfig{}, err
+		return bootstrap.EtcdConfig{}, nil, err
 	}
+	access := etcdadmin.Config{Endpoints: join, CA: set.Etcd.CertPEM(), Cert: pair.CertPEM(), Key: key}
 	peerURL := "https://" + net.JoinHostPort(b.Address, strconv.Itoa(bootstrap.DefaultEtcdPeerPort))
+	promote := func(ctx context.Context) { promoteSelf(ctx, access, peerURL) }
+	if etcdDataExists(dir) {
+		return bootstrap.EtcdConfig{Stacked: &bootstrap.StackedEtcd{}}, promote, nil
+	}
 	var members []etcdadmin.Member
 	var self etcdadmin.Member
 	err = retryUntil(ctx, 2*time.Minute, func(ctx context.Context) error {
-		c, err := etcdadmin.New(ctx, etcdadmin.Config{Endpoints: join, CA: set.Etcd.CertPEM(), Cert: pair.CertPEM(), Key: key})
+		c, err := etcdadmin.New(ctx, access)
 		if err != nil {
 			return err
 		}
@@ -147,7 +158,7 @@ func etcdConfig(ctx context.Context, dir string, b *sandbox.Bootstrap, cfg *boot
 		return err
 	})
 	if err != nil {
-		return bootstrap.EtcdConfig{}, fmt.Errorf("joining the etcd cluster through %v: %w", join, err)
+		return bootstrap.EtcdConfig{}, nil, fmt.Errorf("joining the etcd cluster through %v: %w", join, err)
 	}
 	klog.FromContext(ctx).Info("Added this machine's etcd member", "member", fmt.Sprintf("%x", self.ID), "members", len(members))
 	initial := make([]bootstrap.EtcdMember, 0, len(members))
@@ -163,7 +174,52 @@ func etcdConfig(ctx context.Context, dir string, b *sandbox.Bootstrap, cfg *boot
 			initial = append(initial, bootstrap.EtcdMember{Name: name, PeerURL: u})
 		}
 	}
-	return bootstrap.EtcdConfig{Stacked: &bootstrap.StackedEtcd{InitialCluster: initial, State: bootstrap.EtcdExistingCluster}}, nil
+	return bootstrap.EtcdConfig{Stacked: &bootstrap.StackedEtcd{InitialCluster: initial, State: bootstrap.EtcdExistingCluster}}, promote, nil
+}
+
+// promoteSelf makes this machine's member a voter once it has caught up
+// (etcd refuses before), retrying each second until it votes or ctx ends.
+func promoteSelf(ctx context.Context, access etcdadmin.Config, peerURL string) {
+	log := klog.FromContext(ctx)
+	for {
+		done, err := tryPromote(ctx, access, peerURL)
+		if done {
+			log.Info("This machine's etcd member votes")
+			return
+		}
+		if err != nil {
+			log.V(2).Info("Etcd member not promoted yet", "reason", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func tryPromote(ctx context.Context, access etcdadmin.Config, peerURL string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := etcdadmin.New(ctx, access)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	members, err := c.List(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, m := range members {
+		if slices.Contains(m.PeerURLs, peerURL) {
+			if !m.Learner {
+				return true, nil
+			}
+			err := c.Promote(ctx, m.ID)
+			return err == nil, err
+		}
+	}
+	return false, fmt.Errorf("no etcd member has peer URL %s", peerURL)
 }
 
 // etcdDataExists: a member ran here before; etcd ignores the initial
