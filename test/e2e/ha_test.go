@@ -56,11 +56,15 @@ func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
 		if out, err := u.kubectl(t, "delete", "machine", victim.Name, "--wait=false"); err != nil {
 			t.Fatalf("kubectl delete machine: %v\n%s", err, out)
 		}
+		// Its replacement may take its free name: the machine is gone when
+		// no machine has its UID.
 		testenv.Eventually(t, 2*time.Minute, victim.Name+" gone", func() error {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(&victim), &clusterv1.Machine{}); !apierrors.IsNotFound(err) {
-				return fmt.Errorf("still there (%v)", err)
+			m := &clusterv1.Machine{}
+			err := c.Get(ctx, client.ObjectKeyFromObject(&victim), m)
+			if err == nil && m.UID == victim.UID {
+				return fmt.Errorf("still there")
 			}
-			return nil
+			return client.IgnoreNotFound(err)
 		})
 		waitControlPlane(t, ctx, c, key, 3, 4*time.Minute)
 		if members := etcdMessage(t, ctx, c, key); strings.Contains(members, victim.Name) {
