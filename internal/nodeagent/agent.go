@@ -12,7 +12,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"marina.dev/marina/internal/bootstraptoken"
@@ -129,19 +128,8 @@ func checkBootstrap(b *sandbox.Bootstrap, controlPlane bool) error {
 // newClient builds a client for the workload cluster from the bootstrap
 // alone: its token (renewable) and CA, nothing from the environment.
 func newClient(b *sandbox.Bootstrap, token *bearerToken) (kubernetes.Interface, error) {
-	cfg := &rest.Config{
-		Host:            b.Server,
-		WrapTransport:   token.wrap,
-		TLSClientConfig: rest.TLSClientConfig{CAData: []byte(b.CAPEM)},
-		UserAgent:       "marina-node-agent/" + b.NodeName,
-		// Protobuf costs the API server and hundreds of agents less CPU.
-		ContentConfig: rest.ContentConfig{
-			ContentType:        "application/vnd.kubernetes.protobuf",
-			AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json",
-		},
-		QPS:   5,
-		Burst: 10,
-	}
+	cfg := nodeRESTConfig(b)
+	cfg.WrapTransport = token.wrap
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("building a client for %s: %w", b.Server, err)

@@ -36,21 +36,10 @@ import (
 // with its kubeconfig, see its three Nodes; a killed component comes back;
 // no key marina made reaches a log; deleting the cluster leaves nothing.
 func TestUpMakesTheMinimalClusterReal(t *testing.T) {
-	stateDir := t.TempDir()
-	u := startUp(t, stateDir)
-	root := filepath.Join(stateDir, "machines")
-	t.Cleanup(func() { stopAgents(t, root) })
-	c := mgmtClient(t, stateDir)
+	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
-
-	repo, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	applied := time.Now()
-	if out, err := u.kubectl(t, "apply", "-f", filepath.Join(repo, "examples", "minimal")); err != nil {
-		t.Fatalf("kubectl apply -f examples/minimal: %v\n%s", err, out)
-	}
+	u.applyExample(t, "minimal")
 	key := types.NamespacedName{Namespace: "default", Name: "minimal"}
 	cluster := &clusterv1.Cluster{}
 	testenv.Eventually(t, 4*time.Minute, "cluster minimal Ready with its 3 machines Running", func() error {
@@ -159,7 +148,7 @@ func TestUpMakesTheMinimalClusterReal(t *testing.T) {
 		if len(secrets) < 4 {
 			t.Fatalf("found %d pieces of key material in the cluster's Secrets, want the CA keys, the service-account key and the admin key", len(secrets))
 		}
-		for _, dir := range []string{filepath.Join(stateDir, "logs"), root} {
+		for _, dir := range []string{filepath.Join(u.stateDir, "logs"), root} {
 			_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 				if err != nil || d.IsDir() || !strings.HasSuffix(path, ".log") {
 					return nil
@@ -202,6 +191,30 @@ func TestUpMakesTheMinimalClusterReal(t *testing.T) {
 		return nil
 	})
 	u.stopAndCheckNoLeftovers(t, syscall.SIGTERM)
+}
+
+// startUpWithClient starts marina up for a test that makes clusters: it
+// returns the local provider's root (every sandbox and endpoint, cleaned up
+// whatever happens) and a client of the management plane.
+func startUpWithClient(t *testing.T) (*upProcess, string, client.Client) {
+	t.Helper()
+	stateDir := t.TempDir()
+	u := startUp(t, stateDir)
+	root := filepath.Join(stateDir, "machines")
+	t.Cleanup(func() { stopAgents(t, root) })
+	return u, root, mgmtClient(t, stateDir)
+}
+
+// applyExample applies examples/<name>/ with kubectl, as the README does.
+func (u *upProcess) applyExample(t *testing.T, name string) {
+	t.Helper()
+	repo, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := u.kubectl(t, "apply", "-f", filepath.Join(repo, "examples", name)); err != nil {
+		t.Fatalf("kubectl apply -f examples/%s: %v\n%s", name, err, out)
+	}
 }
 
 func mgmtClient(t *testing.T, stateDir string) client.Client {

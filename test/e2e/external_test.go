@@ -36,11 +36,7 @@ import (
 // against the user's CA alone, its data lands in that etcd, and marina never
 // changes that etcd's membership.
 func TestUpRunsAClusterOnExternalEtcdWithTheUsersCA(t *testing.T) {
-	stateDir := t.TempDir()
-	u := startUp(t, stateDir)
-	root := filepath.Join(stateDir, "machines")
-	t.Cleanup(func() { stopAgents(t, root) })
-	c := mgmtClient(t, stateDir)
+	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
 
 	etcd := startEtcd(t)

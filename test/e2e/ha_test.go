@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,20 +27,10 @@ import (
 // writer through the endpoint never fails for longer than the endpoint's
 // failover throughout.
 func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
-	stateDir := t.TempDir()
-	u := startUp(t, stateDir)
-	root := filepath.Join(stateDir, "machines")
-	t.Cleanup(func() { stopAgents(t, root) })
-	c := mgmtClient(t, stateDir)
+	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
-	repo, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	applied := time.Now()
-	if out, err := u.kubectl(t, "apply", "-f", filepath.Join(repo, "examples", "ha")); err != nil {
-		t.Fatalf("kubectl apply -f examples/ha: %v\n%s", err, out)
-	}
+	u.applyExample(t, "ha")
 	key := types.NamespacedName{Namespace: "default", Name: "ha"}
 	waitControlPlane(t, ctx, c, key, 3, 6*time.Minute)
 	t.Logf("examples/ha: 3 control-plane machines and 3 etcd members Ready %.1fs after kubectl apply", time.Since(applied).Seconds())
