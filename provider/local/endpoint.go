@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"time"
@@ -69,11 +70,11 @@ func (p *Provider) EnsureEndpoint(ctx context.Context, req *provider.EndpointReq
 	case err != nil:
 		return "", 0, err
 	}
-	want := cfg
-	want.Backends = slices.Clone(req.Backends)
-	slices.Sort(want.Backends)
+	want := endpointConfig(cfg.Listen, req.Backends)
 	tlsFiles := loadbalancer.TLSFiles{CA: req.CAData, ClientCert: req.ClientCert, ClientKey: req.ClientKey}
-	if !slices.Equal(cfg.Backends, want.Backends) || !sameTLS(dir, tlsFiles) {
+	// Only what differs is written: every write makes the balancer reload,
+	// and EnsureEndpoint runs on every reconcile of the cluster.
+	if !reflect.DeepEqual(cfg, want) || !sameTLS(dir, tlsFiles) {
 		if err := loadbalancer.WriteDir(dir, want, tlsFiles); err != nil {
 			return "", 0, fmt.Errorf("writing the endpoint of cluster %s/%s: %w", req.Namespace, req.Name, err)
 		}
@@ -84,7 +85,11 @@ func (p *Provider) EnsureEndpoint(ctx context.Context, req *provider.EndpointReq
 	}
 	if !running {
 		if _, err := loadbalancer.Start(ctx, dir, p.opts.LoadBalancerCommand, endpointStartTimeout); err != nil && !loadbalancer.IsRunning(err) {
-			return "", 0, fmt.Errorf("starting the endpoint of cluster %s/%s: %w", req.Namespace, req.Name, err)
+			// One started by another Provider at the same moment took the
+			// lock, and ours exited: the endpoint runs all the same.
+			if running, rerr := loadbalancer.Running(dir); rerr != nil || !running {
+				return "", 0, fmt.Errorf("starting the endpoint of cluster %s/%s: %w", req.Namespace, req.Name, err)
+			}
 		}
 	}
 	host, port, err := net.SplitHostPort(want.Listen)
@@ -113,6 +118,9 @@ func (p *Provider) DeleteEndpoint(ctx context.Context, uid types.UID) error {
 		}
 		tomb := filepath.Join(p.root, endpointsDir, fmt.Sprintf("%s%s-%d", tombPrefix, uid, time.Now().UnixNano()))
 		if err := os.Rename(dir, tomb); err != nil {
+			return fmt.Errorf("deleting the endpoint of cluster %s: %w", uid, err)
+		}
+		if err := files.SyncDir(filepath.Join(p.root, endpointsDir)); err != nil {
 			return fmt.Errorf("deleting the endpoint of cluster %s: %w", uid, err)
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -158,6 +166,12 @@ func (p *Provider) endpointDir(uid types.UID) string {
 func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, error) {
 	allocMu.Lock()
 	defer allocMu.Unlock()
+	// p.lock serialises one Provider's calls; another Provider of this
+	// process over the same root (a restarted controller) may have just
+	// allocated it.
+	if cfg, err := readEndpointConfig(p.endpointDir(uid)); err == nil {
+		return cfg, nil
+	}
 	used, err := p.usedAddresses()
 	if err != nil {
 		return loadbalancer.FileConfig{}, err
@@ -166,7 +180,7 @@ func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, err
 	if err != nil {
 		return loadbalancer.FileConfig{}, err
 	}
-	cfg := loadbalancer.FileConfig{Listen: net.JoinHostPort(addr, strconv.Itoa(EndpointPort)), Drain: metav1.Duration{Duration: endpointDrain}}
+	cfg := endpointConfig(net.JoinHostPort(addr, strconv.Itoa(EndpointPort)), nil)
 	if err := os.MkdirAll(filepath.Join(p.root, endpointsDir), 0o700); err != nil {
 		return loadbalancer.FileConfig{}, err
 	}
@@ -184,6 +198,19 @@ func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, err
 		return loadbalancer.FileConfig{}, err
 	}
 	return cfg, files.SyncDir(filepath.Join(p.root, endpointsDir))
+}
+
+// endpointConfig is the configuration of an endpoint listening on listen
+// in front of backends (sorted and without repeats, so that neither their
+// order nor a repeat is a change).
+func endpointConfig(listen string, backends []string) loadbalancer.FileConfig {
+	cfg := loadbalancer.FileConfig{Listen: listen, Drain: metav1.Duration{Duration: endpointDrain}}
+	if len(backends) > 0 {
+		cfg.Backends = slices.Clone(backends)
+		slices.Sort(cfg.Backends)
+		cfg.Backends = slices.Compact(cfg.Backends)
+	}
+	return cfg
 }
 
 // endpointAddresses are the addresses the endpoints under the root listen

@@ -3,13 +3,17 @@ package local
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -161,4 +165,257 @@ func balancerPIDOf(t *testing.T, dir string) int {
 		t.Fatal(err)
 	}
 	return pid
+}
+
+// Without Options.LoadBalancerCommand the provider says so, and makes
+// nothing.
+func TestEndpointNeedsTheLoadBalancerCommand(t *testing.T) {
+	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = p.EnsureEndpoint(context.Background(), &provider.EndpointRequest{UID: uuid.NewUUID(), Namespace: "default", Name: "c1", CAData: []byte("x")})
+	if err == nil || !strings.Contains(err.Error(), "LoadBalancerCommand") {
+		t.Fatalf("EnsureEndpoint without a LoadBalancerCommand: %v, want an error naming it", err)
+	}
+	if _, err := os.Stat(filepath.Join(p.root, endpointsDir)); !os.IsNotExist(err) {
+		t.Errorf("it made %s anyway (%v)", endpointsDir, err)
+	}
+}
+
+// The request reaches the balancer's directory: backends (sorted, without
+// repeats), the CA and the client pair, all 0600; a request that changes
+// nothing writes nothing, and no call starts a second balancer.
+func TestEndpointFollowsItsRequest(t *testing.T) {
+	ctx := context.Background()
+	p := newProvider(t)
+	ca, err := pki.NewCA("kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := ca.Issue(pki.CertSpec{CommonName: "marina-endpoint", Usage: pki.ClientAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := client.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &provider.EndpointRequest{UID: uuid.NewUUID(), Namespace: "default", Name: "c1", CAData: ca.CertPEM(),
+		ClientCert: client.CertPEM(), ClientKey: keyPEM}
+	dir := p.endpointDir(req.UID)
+	ensure := func() {
+		t.Helper()
+		if _, _, err := p.EnsureEndpoint(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if n := balancersOf(dir); n != 1 {
+			t.Fatalf("%d balancers run for the endpoint, want 1", n)
+		}
+	}
+
+	ensure()
+	if got := readEndpoint(t, dir).Backends; len(got) != 0 {
+		t.Errorf("backends %v, want none yet", got)
+	}
+	for name, want := range map[string][]byte{loadbalancer.CAFile: req.CAData, loadbalancer.ClientCertFile: req.ClientCert, loadbalancer.ClientKeyFile: req.ClientKey} {
+		path := filepath.Join(dir, name)
+		got, err := os.ReadFile(path)
+		if err != nil || string(got) != string(want) {
+			t.Errorf("%s does not hold what was asked (%v)", name, err)
+		}
+		if info, err := os.Stat(path); err != nil || info.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, %v; want 0600", name, info.Mode().Perm(), err)
+		}
+	}
+
+	req.Backends = []string{"127.0.0.3:6443", "127.0.0.2:6443", "127.0.0.3:6443"}
+	ensure()
+	if got, want := readEndpoint(t, dir).Backends, []string{"127.0.0.2:6443", "127.0.0.3:6443"}; !slices.Equal(got, want) {
+		t.Errorf("backends %v, want %v", got, want)
+	}
+	before := inodes(t, dir)
+	req.Backends = []string{"127.0.0.2:6443", "127.0.0.3:6443"}
+	ensure()
+	if after := inodes(t, dir); after != before {
+		t.Errorf("a request that changed nothing rewrote the directory (%s, then %s)", before, after)
+	}
+
+	req.Backends = []string{"127.0.0.2:6443"}
+	ensure()
+	if got := readEndpoint(t, dir).Backends; !slices.Equal(got, req.Backends) {
+		t.Errorf("backends %v after a machine left, want %v", got, req.Backends)
+	}
+	// Health checks without a client certificate: the pair goes.
+	req.ClientCert, req.ClientKey = nil, nil
+	ensure()
+	for _, name := range []string{loadbalancer.ClientCertFile, loadbalancer.ClientKeyFile} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Errorf("%s is still there (%v)", name, err)
+		}
+	}
+	// The running balancer applied the last config, in place.
+	testenv.Eventually(t, 10*time.Second, "the balancer reloads its config", func() error {
+		data, _ := os.ReadFile(filepath.Join(dir, loadbalancer.LogFile))
+		if !strings.Contains(string(data), `"Load balancer config reloaded" logger="load-balancer" backends=["127.0.0.2:6443"]`) {
+			return errors.New("the reload to the last backends is not logged yet")
+		}
+		return nil
+	})
+}
+
+// Machines and endpoints share one allocator: an endpoint and a machine
+// seeded by the same UID, and endpoints and machines made at the same
+// time from two Providers over one root, all get addresses of their own;
+// and the endpoints are never taken for sandboxes.
+func TestEndpointAndMachineAddressesNeverCollide(t *testing.T) {
+	ctx := context.Background()
+	p := newProvider(t)
+	other, err := New(Options{Root: p.root, AgentCommand: agentCommand, LoadBalancerCommand: lbCommand, AgentStopTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := pki.NewCA("kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The same UID seeds the same first pick.
+	shared := request("shared")
+	host, _, err := p.EnsureEndpoint(ctx, &provider.EndpointRequest{UID: shared.UID, Name: "shared", CAData: ca.CertPEM()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := p.Create(ctx, shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.Addresses[0].Address == host {
+		t.Fatalf("the machine got its endpoint's address %s", host)
+	}
+
+	const n = 4
+	var (
+		mu        sync.Mutex
+		addresses = map[string]string{host: "endpoint shared", inst.Addresses[0].Address: "machine shared"}
+		errs      []error
+	)
+	owned := map[string]string{}
+	claim := func(addr, who string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if prev, ok := addresses[addr]; ok && prev != who {
+			errs = append(errs, fmt.Errorf("%s and %s both got %s", prev, who, addr))
+		}
+		if prev, ok := owned[who]; ok && prev != addr {
+			errs = append(errs, fmt.Errorf("%s got two addresses, %s and %s", who, prev, addr))
+		}
+		addresses[addr], owned[who] = who, addr
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		cluster := &provider.EndpointRequest{UID: uuid.NewUUID(), Name: fmt.Sprintf("c%d", i), CAData: ca.CertPEM()}
+		for _, prov := range []*Provider{p, other} {
+			wg.Go(func() {
+				h, _, err := prov.EnsureEndpoint(ctx, cluster)
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
+				claim(h, "endpoint "+cluster.Name)
+			})
+		}
+		machine := request(fmt.Sprintf("m%d", i))
+		wg.Go(func() {
+			inst, err := p.Create(ctx, machine)
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				return
+			}
+			claim(inst.Addresses[0].Address, "machine "+machine.Name)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if len(addresses) != 2+2*n {
+		t.Errorf("%d addresses for %d endpoints and %d machines: %v", len(addresses), n+1, n+1, addresses)
+	}
+
+	endpoints, err := p.EndpointUIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range endpoints {
+		testenv.Eventually(t, 10*time.Second, "one balancer per endpoint", func() error {
+			if got := balancersOf(p.endpointDir(uid)); got != 1 {
+				return fmt.Errorf("%d balancers run for endpoint %s", got, uid)
+			}
+			return nil
+		})
+	}
+	// The endpoints are not sandboxes, and deleting a machine leaves them.
+	sandboxes, err := p.UIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sandboxes) != n+1 || len(endpoints) != n+1 {
+		t.Errorf("%d sandboxes and %d endpoints, want %d of each", len(sandboxes), len(endpoints), n+1)
+	}
+	if err := p.Delete(ctx, shared.UID); err != nil {
+		t.Fatal(err)
+	}
+	if running, err := loadbalancer.Running(p.endpointDir(shared.UID)); err != nil || !running {
+		t.Errorf("deleting the machine stopped the endpoint with its UID (running %v, %v)", running, err)
+	}
+}
+
+// balancersOf counts the processes running the balancer of dir.
+func balancersOf(dir string) int {
+	n := 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if slices.Contains(args, "load-balancer") && slices.Contains(args, dir) {
+			n++
+		}
+	}
+	return n
+}
+
+func readEndpoint(t *testing.T, dir string) loadbalancer.FileConfig {
+	t.Helper()
+	cfg, err := readEndpointConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// inodes names the files of dir the balancer reads by their inodes, which
+// every write (a rename over) changes.
+func inodes(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, name := range []string{loadbalancer.ConfigFile, loadbalancer.CAFile, loadbalancer.ClientCertFile, loadbalancer.ClientKeyFile} {
+		info, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s:%d ", name, info.Sys().(*syscall.Stat_t).Ino)
+	}
+	return b.String()
 }
