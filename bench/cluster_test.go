@@ -208,7 +208,7 @@ func treeMemory(dir string) (rss, peak float64, n int) {
 // stopSandboxes ends whatever a failed run left under root: agents,
 // their components, endpoints.
 func stopSandboxes(b *testing.B, marina, root string) {
-	p, err := local.New(local.Options{Root: root, AgentCommand: []string{marina, "node-agent"}})
+	p, err := local.New(local.Options{Root: root, AgentCommand: []string{marina, "node-agent"}, LoadBalancerCommand: []string{marina, "load-balancer"}})
 	if err == nil {
 		err = p.DeleteAll(context.Background())
 	}

@@ -166,7 +166,7 @@ func vmHWM(b *testing.B, pid int) int {
 
 // cleanupSandboxes stops every agent the run started.
 func cleanupSandboxes(b *testing.B, marina, root string) {
-	p, err := local.New(local.Options{Root: root, AgentCommand: []string{marina, "node-agent"}})
+	p, err := local.New(local.Options{Root: root, AgentCommand: []string{marina, "node-agent"}, LoadBalancerCommand: []string{marina, "load-balancer"}})
 	if err != nil {
 		b.Error(err)
 		return

@@ -140,7 +140,7 @@ func agentProcesses(t *testing.T, uid string) int {
 
 // stopAgents ends every agent a failed test left behind.
 func stopAgents(t *testing.T, root string) {
-	p, err := local.New(local.Options{Root: root, AgentCommand: []string{marinaBin, "node-agent"}})
+	p, err := local.New(local.Options{Root: root, AgentCommand: []string{marinaBin, "node-agent"}, LoadBalancerCommand: []string{marinaBin, "load-balancer"}})
 	if err != nil {
 		t.Error(err)
 		return

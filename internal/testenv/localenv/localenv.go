@@ -120,9 +120,9 @@ func Main(m *testing.M, prefix string, ready func(*Suite)) {
 }
 
 // NewProvider returns a local provider whose sandboxes live under root and
-// whose agents run the suite's marina binary.
+// whose agents and endpoints run the suite's marina binary.
 func (s *Suite) NewProvider(root string) (*local.Provider, error) {
-	return local.New(local.Options{Root: root, AgentCommand: []string{s.MarinaBin, "node-agent"}})
+	return local.New(local.Options{Root: root, AgentCommand: []string{s.MarinaBin, "node-agent"}, LoadBalancerCommand: []string{s.MarinaBin, "load-balancer"}})
 }
 
 // Fixture is one test's world: a namespace with a Cluster whose kubeconfig
