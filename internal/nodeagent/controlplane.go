@@ -295,10 +295,11 @@ func nodeSettableLabel(key string) bool {
 
 // componentVersions are the versions this machine's components run: the
 // API server's from its own /version, the others' from the manifests the
-// supervisor runs them from (the binary named by that version). ok is
-// false when the API server did not say: a report without it would read
-// as an unknown version.
-func (a *agent) componentVersions(ctx context.Context) (v clusterv1.ComponentVersions, ok bool) {
+// supervisor runs them from (the binary named by that version). It fails
+// when the API server did not say: a report without it would read as an
+// unknown version.
+func (a *agent) componentVersions() (clusterv1.ComponentVersions, error) {
+	var v clusterv1.ComponentVersions
 	for _, st := range a.cp.supervisor.Status() {
 		if st.State != components.Running {
 			continue
@@ -314,43 +315,62 @@ func (a *agent) componentVersions(ctx context.Context) (v clusterv1.ComponentVer
 	}
 	info, err := a.cs.Discovery().ServerVersion()
 	if err != nil {
-		return v, false
+		return v, fmt.Errorf("reading the API server's version: %w", err)
 	}
 	v.APIServer = info.GitVersion
-	return v, true
+	return v, nil
 }
 
 // keepVersions keeps the control-plane versions annotation of the Node
-// current (clusterv1.ControlPlaneVersionsAnnotation).
+// current (clusterv1.ControlPlaneVersionsAnnotation). Until the first
+// report it tries every second: a new API server accepts the node's
+// registration (Node authorizer) a few seconds before it lets a node read
+// /version (RBAC, once its bootstrap roles exist), and the machine
+// controller waits for the report.
 func (a *agent) keepVersions(ctx context.Context, node nodeRef) {
 	last := ""
-	update := func(ctx context.Context) {
-		v, ok := a.componentVersions(ctx)
-		if !ok {
-			return
+	update := func(ctx context.Context) error {
+		v, err := a.componentVersions()
+		if err != nil {
+			return err
 		}
 		data, err := json.Marshal(v)
 		if err != nil || string(data) == last {
-			return
+			return err
 		}
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 			"annotations": map[string]string{clusterv1.ControlPlaneVersionsAnnotation: string(data)},
 		}})
 		if err != nil {
-			return
+			return err
 		}
 		if _, err := a.cs.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1PatchOptions); err != nil {
-			a.log.Error(err, "Reporting the control-plane versions failed")
-			return
+			return fmt.Errorf("patching node %s: %w", node.Name, err)
 		}
 		last = string(data)
+		return nil
 	}
-	update(ctx)
 	period := a.t.versionsCheck
 	if period <= 0 {
 		period = defaultTiming.versionsCheck
 	}
-	every(ctx, period, 0.1, update)
+	for {
+		err := update(ctx)
+		if err == nil {
+			break
+		}
+		a.log.V(2).Info("Control-plane versions not reported yet", "reason", err.Error())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(time.Second, period)):
+		}
+	}
+	every(ctx, period, 0.1, func(ctx context.Context) {
+		if err := update(ctx); err != nil {
+			a.log.Error(err, "Reporting the control-plane versions failed")
+		}
+	})
 }
 
 var metav1PatchOptions = metav1.PatchOptions{FieldManager: fieldManager}
