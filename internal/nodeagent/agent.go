@@ -192,7 +192,15 @@ func (a *agent) run(ctx context.Context) error {
 // registerUntilDone registers the Node, retrying with backoff (the API
 // server may not answer yet) until it succeeds or ctx ends.
 func (a *agent) registerUntilDone(ctx context.Context) (node nodeRef, err error) {
-	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: a.t.retryMax}
+	retryMax := a.t.retryMax
+	if a.cp != nil {
+		// The API server is this machine's own, starting beside the agent:
+		// a refused loopback connection costs nothing, while each second
+		// waited past its start delays the machine's Ready, which the next
+		// control-plane machine waits for.
+		retryMax = min(retryMax, 2*time.Second)
+	}
+	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: retryMax}
 	for {
 		node, err = a.register(ctx)
 		if err == nil {
