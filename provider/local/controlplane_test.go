@@ -357,7 +357,8 @@ type component struct {
 	start string
 }
 
-// componentProcesses are the processes the sandbox's supervisor runs.
+// componentProcesses are the processes the sandbox's supervisor runs;
+// none has a key in its arguments.
 func componentProcesses(t *testing.T, dir string) []component {
 	t.Helper()
 	var out []component
@@ -370,6 +371,9 @@ func componentProcesses(t *testing.T, dir string) []component {
 		if st.State != components.Running || st.PID == 0 {
 			t.Errorf("%s is %s, want Running", name, st.State)
 			continue
+		}
+		if args, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", st.PID)); err != nil || strings.Contains(string(args), "PRIVATE KEY") {
+			t.Errorf("%s's arguments cannot be read or hold a private key (err %v)", name, err)
 		}
 		out = append(out, component{name: name, pid: st.PID, start: startTime(st.PID)})
 	}
