@@ -93,13 +93,15 @@ func (s Step) String() string {
 	return fmt.Sprintf("roll the workers to %s", s.To)
 }
 
-// Decision is the planner's output: exactly one of Done, Next and Blocked.
+// Decision is the planner's output: exactly one of Done, Next and Waiting.
 type Decision struct {
 	Done bool
 	// Next is the step to take now.
 	Next *Step
-	// Waiting says why nothing is taken now; the step in progress (Next
-	// taken before) has not finished, or something is unhealthy.
+	// Waiting says why no step is taken now: the last step has not
+	// finished (a component has not reported its new version), or
+	// something is unhealthy. The controller halts the upgrade when it
+	// waits longer than stepTimeout.
 	Waiting string
 }
 
@@ -146,14 +148,11 @@ func planReplace(in Input) Decision {
 			old = append(old, m.Name)
 		}
 	}
-	if len(old) == 0 {
-		if w := unhealthy(in, ""); w != "" {
-			return Decision{Waiting: w}
-		}
-		return rollWorkers(in)
-	}
 	if w := unhealthy(in, ""); w != "" {
 		return Decision{Waiting: w}
+	}
+	if len(old) == 0 {
+		return rollWorkers(in)
 	}
 	if len(in.Machines) <= in.Replicas {
 		return Decision{Next: &Step{Kind: AddMachine, To: in.Version}}
