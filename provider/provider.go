@@ -53,6 +53,26 @@ type VersionLister interface {
 	KubernetesVersions() ([]string, error)
 }
 
+// VersionSetter is implemented by a provider that can change the versions
+// a running machine's components run without replacing the machine: the
+// InPlace upgrade (M12). A provider without it upgrades by Replace only.
+type VersionSetter interface {
+	// SetVersions makes the machine made for uid run v: a component whose
+	// version changes restarts at the new one, the others keep running. It
+	// may be called any number of times with the same v; it returns a
+	// *NotFoundError when no machine exists for uid.
+	SetVersions(ctx context.Context, uid types.UID, v Versions) error
+}
+
+// Versions are what a machine's components should run.
+type Versions struct {
+	// Kubelet is the kubelet's version.
+	Kubelet string
+	// ControlPlane are the control-plane components' versions, on a
+	// control-plane machine; empty fields keep what runs.
+	ControlPlane clusterv1.ComponentVersions
+}
+
 // Request is what a provider needs to make one machine.
 type Request struct {
 	// UID is the Machine's UID: the idempotency key of every call.

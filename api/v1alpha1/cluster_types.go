@@ -328,10 +328,92 @@ type ClusterStatus struct {
 	// +kubebuilder:validation:MaxItems=32
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 
+	// upgrade is the control-plane upgrade under way or last finished: its
+	// plan, every step with its state, and the current one (M11).
+	//
+	// +optional
+	Upgrade *UpgradeStatus `json:"upgrade,omitempty"`
+
 	// observedGeneration is the metadata.generation this status describes.
 	//
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// UpgradeStatus is the plan and progress of a control-plane upgrade.
+type UpgradeStatus struct {
+	// from is the oldest version any API server ran when the upgrade began.
+	// +optional
+	From string `json:"from,omitempty"`
+	// to is the version being upgraded to.
+	// +optional
+	To string `json:"to,omitempty"`
+	// strategy is InPlace or Replace.
+	// +optional
+	Strategy ControlPlaneUpgradeStrategyType `json:"strategy,omitempty"`
+	// startedAt is when the upgrade began.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// completedAt is when every step was done.
+	// +optional
+	CompletedAt *metav1.Time `json:"completedAt,omitempty"`
+	// current is the step being carried out; empty between steps and when
+	// done.
+	// +optional
+	Current *UpgradeStep `json:"current,omitempty"`
+	// steps are the steps of an InPlace upgrade in the order they are
+	// taken, each with its state; a Replace upgrade lists its machines.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Steps []UpgradeStep `json:"steps,omitempty"`
+	// rolledBackGeneration is the generation whose upgrade was rolled back
+	// (marina upgrade rollback): no step is taken until the spec changes.
+	// +optional
+	RolledBackGeneration int64 `json:"rolledBackGeneration,omitempty"`
+}
+
+// UpgradeStepState is where one step of an upgrade is.
+//
+// +kubebuilder:validation:Enum=Pending;Running;Done;Failed;RolledBack
+type UpgradeStepState string
+
+// Upgrade step states.
+const (
+	UpgradeStepPending    UpgradeStepState = "Pending"
+	UpgradeStepRunning    UpgradeStepState = "Running"
+	UpgradeStepDone       UpgradeStepState = "Done"
+	UpgradeStepFailed     UpgradeStepState = "Failed"
+	UpgradeStepRolledBack UpgradeStepState = "RolledBack"
+)
+
+// UpgradeStep is one step of an upgrade: one component on one machine
+// (InPlace), one machine added or removed (Replace), or the workers.
+type UpgradeStep struct {
+	// action is SetComponent, AddMachine, RemoveMachine or RollWorkers.
+	// +kubebuilder:validation:MaxLength=32
+	Action string `json:"action"`
+	// machine is the control-plane machine the step is about.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Machine string `json:"machine,omitempty"`
+	// component is kube-apiserver, kube-controller-manager, kube-scheduler,
+	// etcd or kubelet.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Component string `json:"component,omitempty"`
+	// from and to are the versions.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	From string `json:"from,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	To string `json:"to,omitempty"`
+	// state is Pending, Running, Done, Failed or RolledBack.
+	// +optional
+	State UpgradeStepState `json:"state,omitempty"`
+	// startedAt is when the step began.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
 }
 
 // ControlPlaneStatus is the observed state of a control plane.

@@ -65,6 +65,18 @@ const (
 	// controller copies into status.versions.controlPlane.
 	ControlPlaneVersionsAnnotation = GroupName + "/control-plane-versions"
 
+	// EndpointDrainAnnotation on a control-plane Machine takes its API
+	// server out of the cluster endpoint's backends before an upgrade step
+	// restarts it (M13); its value is when (RFC 3339). The control-plane
+	// controller removes it once the API server is ready at its new version.
+	EndpointDrainAnnotation = GroupName + "/endpoint-drain"
+
+	// UpgradeRollbackAnnotation on a Cluster asks the control-plane
+	// controller to return the failed or current upgrade step to its
+	// previous version (marina upgrade rollback); it removes the annotation
+	// when done.
+	UpgradeRollbackAnnotation = GroupName + "/upgrade-rollback"
+
 	// PreTerminateHookPrefix: while a Machine being deleted has an
 	// annotation with this prefix, the machine controller drains its Node
 	// but does not delete the real machine. The control plane uses one to

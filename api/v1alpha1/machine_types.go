@@ -140,6 +140,15 @@ type MachineVersions struct {
 	//
 	// +optional
 	ControlPlane KubernetesVersion `json:"controlPlane,omitempty"`
+
+	// components, during an InPlace upgrade, are the versions single
+	// control-plane components should run where they differ from
+	// controlPlane: the control-plane controller moves one component of one
+	// machine at a time (M12) and clears this once every component runs the
+	// new version. Empty fields follow controlPlane.
+	//
+	// +optional
+	Components *ComponentVersions `json:"components,omitempty"`
 }
 
 // ContainerRuntime is the container runtime of a machine.

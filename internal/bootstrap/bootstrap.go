@@ -110,6 +110,10 @@ type Machine struct {
 	// EtcdVersion is the etcd release to run when stacked; empty means the
 	// pinned one (tools.Pinned().Etcd).
 	EtcdVersion string
+	// Overrides are versions single components run instead of Version and
+	// EtcdVersion, during an in-place upgrade (M12); empty fields follow
+	// Version and EtcdVersion.
+	Overrides clusterv1.ComponentVersions
 	// BinDir is the absolute directory holding the pinned binaries,
 	// <component>-<version>.
 	BinDir string
@@ -245,13 +249,22 @@ func ControlPlane(m *Machine, now time.Time) (*Bundle, error) {
 	if err := in.certificates(b, now); err != nil {
 		return nil, err
 	}
+	o := m.Overrides
 	if in.etcd.Stacked != nil {
-		b.Manifests[Etcd] = in.manifest(Etcd, in.etcdVersion, in.etcdFlags(), nil)
+		b.Manifests[Etcd] = in.manifest(Etcd, or(o.Etcd, in.etcdVersion), in.etcdFlags(), nil)
 	}
-	b.Manifests[APIServer] = in.manifest(APIServer, m.Version, in.apiServerFlags(), m.Components.APIServer.ExtraArgs)
-	b.Manifests[ControllerManager] = in.manifest(ControllerManager, m.Version, in.controllerManagerFlags(), m.Components.ControllerManager.ExtraArgs)
-	b.Manifests[Scheduler] = in.manifest(Scheduler, m.Version, in.schedulerFlags(), m.Components.Scheduler.ExtraArgs)
+	b.Manifests[APIServer] = in.manifest(APIServer, or(o.APIServer, m.Version), in.apiServerFlags(), m.Components.APIServer.ExtraArgs)
+	b.Manifests[ControllerManager] = in.manifest(ControllerManager, or(o.ControllerManager, m.Version), in.controllerManagerFlags(), m.Components.ControllerManager.ExtraArgs)
+	b.Manifests[Scheduler] = in.manifest(Scheduler, or(o.Scheduler, m.Version), in.schedulerFlags(), m.Components.Scheduler.ExtraArgs)
 	return b, nil
+}
+
+// or is v, or def when v is empty.
+func or(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
 }
 
 // input is a Machine checked, with defaults applied and derived values.
@@ -305,6 +318,11 @@ func resolve(m *Machine) (*input, error) {
 	}
 	if !versionPattern.MatchString(m.Version) {
 		fail("the control-plane version %q is not a release such as v1.37.2", m.Version)
+	}
+	for _, v := range []string{m.Overrides.APIServer, m.Overrides.ControllerManager, m.Overrides.Scheduler, m.Overrides.Etcd} {
+		if v != "" && !versionPattern.MatchString(v) {
+			fail("the component version %q is not a release such as v1.37.2", v)
+		}
 	}
 	if in.etcdVersion == "" {
 		in.etcdVersion = tools.Pinned().Etcd

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -490,5 +491,33 @@ func TestFormattingAFileOrABundleHidesTheKeys(t *testing.T) {
 		if out := fmt.Sprintf(verb, b); strings.Contains(out, "PRIVATE") || strings.Contains(out, "2d2d2d2d2d") {
 			t.Errorf("%s of a Bundle shows key material", verb)
 		}
+	}
+}
+
+// An in-place upgrade step (M12) moves one component: the override changes
+// that component's binary and version and leaves every other manifest as
+// it was, so the supervisor restarts that one alone.
+func TestAnOverrideMovesOneComponentOnly(t *testing.T) {
+	set := newSet(t)
+	m := stackedMachine(t, set)
+	before := mustBundle(t, m)
+	m.Overrides = clusterv1.ComponentVersions{APIServer: "v1.38.0"}
+	after := mustBundle(t, m)
+	api := after.Manifests[bootstrap.APIServer]
+	if api.Version != "v1.38.0" || filepath.Base(api.Binary) != "kube-apiserver-v1.38.0" {
+		t.Errorf("kube-apiserver runs %s from %s, want v1.38.0 from kube-apiserver-v1.38.0", api.Version, api.Binary)
+	}
+	for _, c := range []string{bootstrap.ControllerManager, bootstrap.Scheduler, bootstrap.Etcd} {
+		if !reflect.DeepEqual(before.Manifests[c], after.Manifests[c]) {
+			t.Errorf("the manifest of %s changed with kube-apiserver's override:\n%+v\n%+v", c, before.Manifests[c], after.Manifests[c])
+		}
+	}
+	if !reflect.DeepEqual(before.Manifests[bootstrap.APIServer].Args, api.Args) {
+		t.Errorf("kube-apiserver's arguments changed with its version")
+	}
+
+	m.Overrides = clusterv1.ComponentVersions{Scheduler: "1.38"}
+	if _, err := bootstrap.ControlPlane(m, time.Now()); err == nil || !strings.Contains(err.Error(), `"1.38"`) {
+		t.Errorf("a malformed override was not refused by name: %v", err)
 	}
 }

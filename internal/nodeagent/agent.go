@@ -48,7 +48,7 @@ var defaultTiming = timing{
 	retryMax:           30 * time.Second,
 	tokenCheck:         10 * time.Minute,
 	tokenRenewFraction: 0.5,
-	versionsCheck:      10 * time.Second,
+	versionsCheck:      2 * time.Second,
 }
 
 // Run runs the node agent of the sandbox dir until ctx ends. It first takes
@@ -86,6 +86,7 @@ func run(ctx context.Context, dir string, t timing) error {
 	ctx, cancel := context.WithCancel(klog.NewContext(ctx, log))
 	defer cancel()
 	a := &agent{boot: b, dir: dir, stop: cancel, t: t, log: log}
+	a.kubelet.set(b.KubeletVersion)
 	if cpConfig != nil {
 		if a.cp, a.cs, err = startControlPlane(ctx, dir, b, cpConfig); err != nil {
 			return err
@@ -145,10 +146,13 @@ type agent struct {
 	token *bearerToken
 	cp    *controlPlane
 	boot  *sandbox.Bootstrap
-	dir   string
-	stop  context.CancelFunc
-	t     timing
-	log   klog.Logger
+	// kubelet is the kubelet version reported: boot's, or the versions
+	// file's once an upgrade set it.
+	kubelet kubelet
+	dir     string
+	stop    context.CancelFunc
+	t       timing
+	log     klog.Logger
 }
 
 // sandboxGone stops the agent if its sandbox was removed under it (a
@@ -178,6 +182,7 @@ func (a *agent) run(ctx context.Context) error {
 	wg.Go(func() { a.keepLease(ctx, node) })
 	wg.Go(func() { a.keepStatus(ctx) })
 	wg.Go(func() { a.runPods(ctx) })
+	wg.Go(func() { a.watchVersions(ctx) })
 	if a.token != nil {
 		wg.Go(func() { a.keepToken(ctx) })
 	}

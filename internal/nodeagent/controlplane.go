@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,6 +39,11 @@ type controlPlane struct {
 	done chan struct{}
 	// stacked: an etcd member runs here.
 	stacked bool
+	log     klog.Logger
+
+	// mu guards machine: what the manifests were last made from.
+	mu      sync.Mutex
+	machine *bootstrap.Machine
 }
 
 // readControlPlane reads the control plane's document of the sandbox; nil
@@ -77,7 +83,11 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 	if err != nil {
 		return nil, nil, err
 	}
-	bundle, err := bootstrap.ControlPlane(&bootstrap.Machine{
+	versions, err := sandbox.ReadVersions(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	machine := &bootstrap.Machine{
 		ClusterName: cfg.ClusterName,
 		PKI:         set,
 		Name:        b.NodeName,
@@ -90,14 +100,20 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 		Dir:         dir,
 		Components:  cfg.Components,
 		Etcd:        etcd,
-	}, time.Now())
+		Overrides:   versions.ControlPlane,
+	}
+	bundle, err := bootstrap.ControlPlane(machine, time.Now())
 	if err != nil {
 		return nil, nil, fmt.Errorf("making the control-plane machine's files: %w", err)
 	}
 	if err := bundle.Write(); err != nil {
 		return nil, nil, fmt.Errorf("writing the control-plane machine's files: %w", err)
 	}
-	cp := &controlPlane{supervisor: components.New(dir, components.Options{}), done: make(chan struct{}), stacked: etcd.Stacked != nil}
+	// A restart keeps what an upgrade set: the joining etcd's initial
+	// cluster is not needed again, its data exists by then.
+	machine.Etcd = bootstrap.EtcdConfig{Stacked: etcd.Stacked, External: etcd.External}
+	cp := &controlPlane{supervisor: components.New(dir, components.Options{}), done: make(chan struct{}), stacked: etcd.Stacked != nil,
+		log: log, machine: machine}
 	go func() {
 		defer close(cp.done)
 		if err := cp.supervisor.Run(ctx); err != nil {

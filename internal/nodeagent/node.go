@@ -242,7 +242,7 @@ func (a *agent) status(cur *corev1.Node) statusPatch {
 			KernelVersion:           simulatedKernel,
 			OSImage:                 simulatedOSImage,
 			ContainerRuntimeVersion: runtimeVersion,
-			KubeletVersion:          a.boot.KubeletVersion,
+			KubeletVersion:          a.kubelet.get(),
 			OperatingSystem:         "linux",
 			Architecture:            runtime.GOARCH,
 		},

@@ -61,6 +61,7 @@ type Provider struct {
 var (
 	_ provider.Provider      = (*Provider)(nil)
 	_ provider.VersionLister = (*Provider)(nil)
+	_ provider.VersionSetter = (*Provider)(nil)
 )
 
 // New returns a local provider keeping its sandboxes under opts.Root.
@@ -235,6 +236,31 @@ func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
 		return fmt.Errorf("deleting machine %s: %w", uid, err)
 	}
 	return p.removeLeftovers(uid)
+}
+
+// SetVersions implements provider.VersionSetter: it writes the sandbox's
+// versions file, which the agent watches; it restarts a control-plane
+// component whose version changed with the binary of the new version.
+func (p *Provider) SetVersions(_ context.Context, uid types.UID, v provider.Versions) error {
+	if err := checkUID(uid); err != nil {
+		return err
+	}
+	defer p.lock(uid)()
+	dir := p.sandboxDir(uid)
+	if _, err := sandbox.ReadBootstrap(dir); errors.Is(err, fs.ErrNotExist) {
+		return &provider.NotFoundError{UID: uid}
+	} else if err != nil {
+		return err
+	}
+	for _, want := range []string{v.ControlPlane.APIServer, v.ControlPlane.ControllerManager, v.ControlPlane.Scheduler} {
+		if want == "" || p.binDir == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(p.binDir, "kube-apiserver-"+want)); err != nil {
+			return &provider.InvalidSpecError{Message: fmt.Sprintf("Kubernetes %s was not built here (%s): run make setup with it", want, p.binDir)}
+		}
+	}
+	return sandbox.WriteVersions(dir, sandbox.Versions{Kubelet: v.Kubelet, ControlPlane: v.ControlPlane})
 }
 
 // UIDs lists the machines that have a sandbox under the root (not the
