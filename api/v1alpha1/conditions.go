@@ -181,6 +181,9 @@ const (
 	// ClusterUpgradeStepTimeoutReason: a step did not become healthy within
 	// upgradeStrategy.stepTimeout; the upgrade is stopped.
 	ClusterUpgradeStepTimeoutReason = "StepTimeout"
+	// ClusterUpgradeRolledBackReason: marina upgrade rollback returned the
+	// failed step to its old version; the upgrade waits for a spec change.
+	ClusterUpgradeRolledBackReason = "RolledBack"
 	// ClusterUnsupportedUpgradeReason: no upgrade procedure exists for the
 	// observed and desired versions (M19).
 	ClusterUnsupportedUpgradeReason = "UnsupportedUpgrade"

@@ -107,6 +107,9 @@ type Decision struct {
 
 // Plan returns the next step of the upgrade to in.Version.
 func Plan(in Input) Decision {
+	if !Needed(in) {
+		return Decision{Done: true}
+	}
 	if in.Strategy == Replace {
 		return planReplace(in)
 	}
@@ -198,4 +201,50 @@ func unhealthy(in Input, except string) string {
 		}
 	}
 	return ""
+}
+
+// Needed reports whether anything runs another version than in asks for:
+// a control-plane component or a worker's kubelet. A cluster that runs
+// its version has no upgrade, healthy or not.
+func Needed(in Input) bool {
+	for _, m := range in.Machines {
+		if !current(in, m) {
+			return true
+		}
+	}
+	for _, v := range in.Workers {
+		if v != in.Version {
+			return true
+		}
+	}
+	return false
+}
+
+// Steps are the in-place steps of the whole upgrade in the order Plan
+// takes them, each from the version the component reports now: the plan
+// a person reads (marina upgrade plan, status.upgrade). A step whose
+// component runs its target already is listed with From == To.
+func Steps(in Input) []Step {
+	var steps []Step
+	if in.Strategy == Replace {
+		for _, m := range in.Machines {
+			if !current(in, m) {
+				steps = append(steps, Step{Kind: AddMachine, To: in.Version}, Step{Kind: RemoveMachine, Machine: m.Name})
+			}
+		}
+	} else {
+		for _, c := range Order {
+			target := targetOf(in, c)
+			if target == "" {
+				continue
+			}
+			for _, m := range in.Machines {
+				steps = append(steps, Step{Kind: SetComponent, Machine: m.Name, Component: c, From: m.Versions[c], To: target})
+			}
+		}
+	}
+	if len(in.Workers) > 0 {
+		steps = append(steps, Step{Kind: RollWorkers, To: in.Version})
+	}
+	return steps
 }

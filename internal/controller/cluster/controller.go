@@ -89,7 +89,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 func New(c client.Client, live client.Reader, rec recorder.EventRecorder, opts Options) *Reconciler {
 	return &Reconciler{
 		client: c, recorder: rec, opts: opts, now: time.Now,
-		cp: &controlplane.ControlPlane{Client: c, Live: live, Etcd: opts.Etcd},
+		cp: &controlplane.ControlPlane{Client: c, Live: live, Etcd: opts.Etcd, Recorder: rec},
 	}
 }
 
@@ -164,6 +164,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, err
 	}
 	switch {
+	case result.RequeueAfter > 0:
+		setReady(cluster)
+		return ctrl.Result{RequeueAfter: result.RequeueAfter}, nil
 	case setReady(cluster):
 		return ctrl.Result{RequeueAfter: recheckReady}, nil
 	case result.Step.RequeueAfter > 0:

@@ -17,6 +17,7 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/clusterpki"
+	"marina.dev/marina/internal/controller/controlplane"
 	"marina.dev/marina/provider"
 )
 
@@ -123,17 +124,27 @@ func (r *Reconciler) endpointBackends(ctx context.Context, cluster *clusterv1.Cl
 	if !ok || cluster.Annotations[clusterv1.ManagedEndpointAnnotation] != "true" {
 		return nil
 	}
-	var backends []string
+	var backends, drained []string
 	for i := range machines {
 		m := &machines[i]
 		if !m.DeletionTimestamp.IsZero() {
 			continue
 		}
 		for _, a := range m.Status.Addresses {
-			if a.Type == clusterv1.MachineInternalIP {
-				backends = append(backends, net.JoinHostPort(a.Address, strconv.Itoa(bootstrap.DefaultAPIServerPort)))
+			if a.Type != clusterv1.MachineInternalIP {
+				continue
+			}
+			hostPort := net.JoinHostPort(a.Address, strconv.Itoa(bootstrap.DefaultAPIServerPort))
+			if controlplane.Drained(m) {
+				// An upgrade step restarts it soon (M13).
+				drained = append(drained, hostPort)
+			} else {
+				backends = append(backends, hostPort)
 			}
 		}
+	}
+	if len(backends) == 0 {
+		backends = drained // better a server about to restart than none
 	}
 	if _, _, err := eps.EnsureEndpoint(ctx, endpointRequest(cluster, set, backends)); err != nil {
 		return fmt.Errorf("updating the control-plane endpoint's backends: %w", err)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
@@ -33,6 +34,8 @@ type ControlPlane struct {
 	Live   client.Reader
 	// Etcd reaches a cluster's etcd.
 	Etcd EtcdDialer
+	// Recorder, if set, gets an event at each upgrade step.
+	Recorder recorder.EventRecorder
 }
 
 // Result says what the step did, for the cluster controller's conditions.
@@ -41,6 +44,24 @@ type Result struct {
 	Step Step
 	// Machines are the control plane's machines, oldest first.
 	Machines []clusterv1.Machine
+	// RequeueAfter: look again this soon (an upgrade is under way).
+	RequeueAfter time.Duration
+}
+
+// mayUpgrade: the control plane has its machines and none is being
+// deleted, so the upgrade may take the next step. A Replace upgrade's
+// extra machine makes the scale planner want a Delete; the upgrade decides
+// which machine goes.
+func mayUpgrade(step Step, f Facts) bool {
+	if !f.Initialized || len(f.Machines) < f.Replicas {
+		return false
+	}
+	for _, m := range f.Machines {
+		if m.Deleting {
+			return false
+		}
+	}
+	return step.Action == Done || step.Action == Wait || step.Action == Delete
 }
 
 // Reconcile takes one step towards spec.controlPlane and updates
@@ -65,6 +86,16 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 	setEtcdCondition(cluster, etcd)
 
 	step := Plan(facts)
+	if mayUpgrade(step, facts) {
+		upgrading, err := cp.upgrade(ctx, cluster, set, machines, etcd)
+		if upgrading || err != nil {
+			if step.Action == Delete {
+				step = Step{Action: Done} // Replace's surplus machine is the upgrade's to remove
+			}
+			setReadyCondition(cluster, step)
+			return &Result{Step: step, Machines: machines, RequeueAfter: upgradeRecheck}, err
+		}
+	}
 	switch step.Action {
 	case Create:
 		err = cp.create(ctx, cluster, machines, step.Init)
@@ -309,7 +340,7 @@ func setReadyCondition(cluster *clusterv1.Cluster, step Step) {
 		want = 1
 	}
 	switch {
-	case step.Action == Done && st.ReadyReplicas == want:
+	case step.Action == Done && st.ReadyReplicas >= want:
 		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionTrue, clusterv1.ClusterControlPlaneReadyReason, "")
 	case step.Action == Wait && st.Replicas == want:
 		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionFalse, clusterv1.ClusterControlPlaneUnhealthyReason, step.Reason)

@@ -8,9 +8,11 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/clusterpki"
 )
 
@@ -38,6 +40,76 @@ func endpointReady(ctx context.Context, cluster *clusterv1.Cluster, set *cluster
 		return false
 	}
 	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// probeMachines checks every control-plane machine's components directly,
+// not through the endpoint: its Node is Ready, its API server answers
+// /readyz (verified with the cluster CA), its controller manager and
+// scheduler answer /healthz. It returns why each unhealthy machine is
+// unhealthy, "" for a healthy one. The controller manager and scheduler
+// serve a self-signed certificate, as under kubeadm: those two probes do
+// not verify it and send nothing but the path.
+func probeMachines(ctx context.Context, set *clusterpki.Set, machines []clusterv1.Machine) map[string]string {
+	pool := x509.NewCertPool()
+	if set != nil && set.CA != nil {
+		pool.AddCert(set.CA.Cert)
+	}
+	verified := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true}}
+	selfSigned := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true}} //nolint:gosec // health paths only, no credential sent
+	out := make(map[string]string, len(machines))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range machines {
+		m := &machines[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		wg.Go(func() {
+			why := probeMachine(ctx, verified, selfSigned, m)
+			mu.Lock()
+			out[m.Name] = why
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func probeMachine(ctx context.Context, verified, selfSigned *http.Client, m *clusterv1.Machine) string {
+	ip := address(m)
+	if ip == "" || !machineReady(m) {
+		return "its Node is not Ready"
+	}
+	for _, p := range []struct {
+		component string
+		client    *http.Client
+		port      int
+		path      string
+	}{
+		{"kube-apiserver", verified, bootstrap.DefaultAPIServerPort, "/readyz"},
+		{"kube-controller-manager", selfSigned, bootstrap.DefaultControllerManagerPort, "/healthz"},
+		{"kube-scheduler", selfSigned, bootstrap.DefaultSchedulerPort, "/healthz"},
+	} {
+		if !answersOK(ctx, p.client, fmt.Sprintf("https://%s%s", net.JoinHostPort(ip, strconv.Itoa(p.port)), p.path)) {
+			return p.component + " does not answer " + p.path
+		}
+	}
+	return ""
+}
+
+func answersOK(ctx context.Context, c *http.Client, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return false
 	}

@@ -1,0 +1,518 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/clusterpki"
+	"marina.dev/marina/internal/upgrade"
+)
+
+// upgradeRecheck is how often an upgrade under way is looked at: a step
+// ends when a component reports its new version and answers its health
+// check, which nothing watched announces.
+const upgradeRecheck = time.Second
+
+// defaultStepTimeout is upgradeStrategy.stepTimeout's default.
+const defaultStepTimeout = 10 * time.Minute
+
+// upgrade carries out the control plane's upgrade to spec.controlPlane.version
+// (M11, M12, M13, M19): it observes every machine's reported versions and
+// health, asks upgrade.Plan for the next step and takes it, one step per
+// pass. Everything it knows comes from the machines, etcd and the probes,
+// so a restart at any point resumes at the same step (status.upgrade only
+// reports, and times the current step). It reports whether an upgrade is
+// under way.
+func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set, machines []clusterv1.Machine, etcd *etcdState) (bool, error) {
+	workers, deployments, err := cp.workers(ctx, cluster)
+	if err != nil {
+		return false, err
+	}
+	if !upgrade.Needed(inputOf(cluster, machines, nil, etcd, workers)) {
+		cp.finish(cluster)
+		return false, cp.undrain(ctx, machines, nil)
+	}
+	health := probeMachines(ctx, set, machines)
+	in := inputOf(cluster, machines, health, etcd, workers)
+	st := begin(cluster, in)
+	if _, ok := cluster.Annotations[clusterv1.UpgradeRollbackAnnotation]; ok {
+		return true, cp.rollback(ctx, cluster, machines)
+	}
+	if st.RolledBackGeneration == cluster.Generation {
+		setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUpgradeRolledBackReason,
+			fmt.Sprintf("the upgrade to %s was rolled back; change the Cluster's spec (fix what failed, or another version) to try again", in.Version))
+		return true, cp.undrain(ctx, machines, health)
+	}
+	if err := upgrade.Check(st.From, in.Version, nil); err != nil {
+		setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUnsupportedUpgradeReason, err.Error())
+		return true, nil
+	}
+	if err := cp.undrain(ctx, machines, health); err != nil {
+		return true, err
+	}
+	if err := cp.settle(ctx, cluster, machines); err != nil {
+		return true, err
+	}
+	d := upgrade.Plan(in)
+	st.Steps = stepsOf(in, st)
+	switch {
+	case d.Done:
+		return true, nil // settled this pass; the next one finishes
+	case d.Waiting != "":
+		cp.wait(cluster, d.Waiting)
+		return true, nil
+	}
+	return true, cp.take(ctx, cluster, machines, deployments, *d.Next)
+}
+
+// inputOf is the planner's input: each control-plane machine's reported
+// versions and health, etcd's health and the workers' kubelets.
+func inputOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, health map[string]string, etcd *etcdState, workers map[string]string) upgrade.Input {
+	spec := cluster.Spec.ControlPlane
+	in := upgrade.Input{
+		Version:     string(spec.Version),
+		Strategy:    upgrade.Strategy(spec.UpgradeStrategy.Type),
+		Replicas:    int(max(spec.Replicas, 1)),
+		EtcdHealthy: !stacked(cluster) || (etcd.err == nil && etcd.healthy() == len(etcd.members)),
+		Workers:     workers,
+	}
+	if in.Strategy == "" {
+		in.Strategy = upgrade.InPlace
+	}
+	for i := range machines {
+		m := &machines[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		v := map[upgrade.Component]string{upgrade.Kubelet: m.Status.Versions.Kubelet}
+		if r := m.Status.Versions.ControlPlane; r != nil {
+			v[upgrade.APIServer], v[upgrade.ControllerManager], v[upgrade.Scheduler] = r.APIServer, r.ControllerManager, r.Scheduler
+			if r.Etcd != "" {
+				v[upgrade.Etcd] = r.Etcd
+			}
+		}
+		in.Machines = append(in.Machines, upgrade.Machine{Name: m.Name, Versions: v, Healthy: health[m.Name] == ""})
+	}
+	return in
+}
+
+// begin records the upgrade in status.upgrade when it starts: from the
+// oldest API server to the spec's version.
+func begin(cluster *clusterv1.Cluster, in upgrade.Input) *clusterv1.UpgradeStatus {
+	st := cluster.Status.Upgrade
+	if st != nil && st.To == in.Version && st.CompletedAt == nil {
+		return st
+	}
+	from := cluster.Status.ControlPlane.Components.APIServer
+	if st != nil && st.CompletedAt == nil && st.From != "" {
+		from = st.From // the target changed mid-way (a rollback's fix)
+	}
+	now := metav1.Now()
+	cluster.Status.Upgrade = &clusterv1.UpgradeStatus{From: from, To: in.Version, Strategy: clusterv1.ControlPlaneUpgradeStrategyType(in.Strategy), StartedAt: &now}
+	return cluster.Status.Upgrade
+}
+
+// finish marks an upgrade done once nothing runs another version.
+func (cp *ControlPlane) finish(cluster *clusterv1.Cluster) {
+	st := cluster.Status.Upgrade
+	if st == nil {
+		return
+	}
+	if st.CompletedAt == nil {
+		now := metav1.Now()
+		st.CompletedAt, st.Current = &now, nil
+		for i := range st.Steps {
+			st.Steps[i].State = clusterv1.UpgradeStepDone
+		}
+		cp.event(cluster, corev1.EventTypeNormal, clusterv1.ClusterUpgradeCompleteReason, "Upgrade",
+			fmt.Sprintf("every control-plane component and kubelet runs %s (upgrade took %s)", st.To, now.Sub(st.StartedAt.Time).Round(time.Second)))
+	}
+	setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUpgradeCompleteReason, "the control plane and the workers run "+st.To)
+}
+
+// wait reports a step the planner waits on, and halts the upgrade when the
+// current step has taken longer than stepTimeout: the step's machine and
+// component are named, nothing further is started, the other machines
+// keep serving.
+func (cp *ControlPlane) wait(cluster *clusterv1.Cluster, why string) {
+	st := cluster.Status.Upgrade
+	if cur := st.Current; cur != nil && cur.StartedAt != nil && cur.State != clusterv1.UpgradeStepRolledBack {
+		if time.Since(cur.StartedAt.Time) > stepTimeout(cluster) || cur.State == clusterv1.UpgradeStepFailed {
+			cp.halt(cluster, cur, why)
+			return
+		}
+	}
+	setUpgrading(cluster, metav1.ConditionTrue, clusterv1.ClusterUpgradingReason, why)
+}
+
+func (cp *ControlPlane) halt(cluster *clusterv1.Cluster, cur *clusterv1.UpgradeStep, why string) {
+	msg := fmt.Sprintf("upgrade halted: %s did not become healthy within %s (%s); the other machines keep serving; "+
+		"run marina upgrade rollback %s to return it to %s", describeStep(cur), stepTimeout(cluster), why, cluster.Name, cur.From)
+	if cur.State != clusterv1.UpgradeStepFailed {
+		cur.State = clusterv1.UpgradeStepFailed
+		cp.event(cluster, corev1.EventTypeWarning, clusterv1.ClusterUpgradeStepTimeoutReason, "Upgrade", msg)
+	}
+	markStep(cluster.Status.Upgrade, cur)
+	setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUpgradeStepTimeoutReason, msg)
+}
+
+func stepTimeout(cluster *clusterv1.Cluster) time.Duration {
+	if d := cluster.Spec.ControlPlane.UpgradeStrategy.StepTimeout; d != nil && d.Duration > 0 {
+		return d.Duration
+	}
+	return defaultStepTimeout
+}
+
+// take carries out one step. An API server (or the etcd it reads) is taken
+// out of the endpoint's backends first, and restarted only once the
+// balancer had EndpointDrainWait to stop sending to it (M13): the clients
+// move to the other API servers before this one goes, not after it fails.
+func (cp *ControlPlane) take(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine, deployments []clusterv1.MachineDeployment, step upgrade.Step) error {
+	st := cluster.Status.Upgrade
+	cur := stepStatus(step)
+	if st.Current != nil && sameStep(st.Current, cur) {
+		cur = st.Current
+	} else {
+		now := metav1.Now()
+		cur.StartedAt = &now
+		st.Current = cur
+		cp.event(cluster, corev1.EventTypeNormal, clusterv1.ClusterUpgradingReason, "Upgrade", "step: "+step.String())
+	}
+	if cur.State == clusterv1.UpgradeStepRolledBack {
+		// Tried again after a rollback and a change of the spec: the
+		// step's time starts over.
+		now := metav1.Now()
+		cur.StartedAt = &now
+	}
+	if cur.State == clusterv1.UpgradeStepFailed || time.Since(cur.StartedAt.Time) > stepTimeout(cluster) {
+		cp.halt(cluster, cur, "it does not report "+step.To+" and pass its health checks")
+		return nil
+	}
+	cur.State = clusterv1.UpgradeStepRunning
+	markStep(st, cur)
+	setUpgrading(cluster, metav1.ConditionTrue, clusterv1.ClusterUpgradingReason, step.String())
+	switch step.Kind {
+	case upgrade.SetComponent:
+		m := find(machines, step.Machine)
+		if m == nil {
+			return nil
+		}
+		// A lone API server has nowhere to send its clients to.
+		if (step.Component == upgrade.APIServer || step.Component == upgrade.Etcd) && len(machines) > 1 {
+			if wait, err := cp.drain(ctx, m); err != nil || wait {
+				return err
+			}
+		}
+		return cp.setComponent(ctx, m, step.Component, step.To)
+	case upgrade.AddMachine:
+		return cp.create(ctx, cluster, machines, false)
+	case upgrade.RemoveMachine:
+		return cp.deleteMachine(ctx, cluster, step.Machine)
+	case upgrade.RollWorkers:
+		return cp.rollWorkers(ctx, deployments, step.To)
+	}
+	return nil
+}
+
+// drain takes m's API server out of the endpoint's backends (the cluster
+// controller applies the annotation after this pass) and reports whether
+// the balancer still needs time to move its clients away.
+func (cp *ControlPlane) drain(ctx context.Context, m *clusterv1.Machine) (bool, error) {
+	if at, ok := drainedAt(m); ok {
+		return time.Since(at) < EndpointDrainWait, nil
+	}
+	before := m.DeepCopy()
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[clusterv1.EndpointDrainAnnotation] = time.Now().UTC().Format(time.RFC3339Nano)
+	if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+		return true, fmt.Errorf("taking machine %s out of the endpoint: %w", m.Name, err)
+	}
+	return true, nil
+}
+
+func drainedAt(m *clusterv1.Machine) (time.Time, bool) {
+	v, ok := m.Annotations[clusterv1.EndpointDrainAnnotation]
+	if !ok {
+		return time.Time{}, false
+	}
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, true // someone's value: count it as long drained
+	}
+	return at, true
+}
+
+// Drained reports whether m's API server is out of the endpoint's backends.
+func Drained(m *clusterv1.Machine) bool {
+	_, ok := drainedAt(m)
+	return ok
+}
+
+// undrain puts back into the endpoint every drained machine that is
+// healthy and runs what its spec asks: its step is over.
+func (cp *ControlPlane) undrain(ctx context.Context, machines []clusterv1.Machine, health map[string]string) error {
+	for i := range machines {
+		m := &machines[i]
+		if !Drained(m) || health[m.Name] != "" || !runsSpec(m) {
+			continue
+		}
+		before := m.DeepCopy()
+		delete(m.Annotations, clusterv1.EndpointDrainAnnotation)
+		if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("putting machine %s back into the endpoint: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// runsSpec: every control-plane component of m reports the version its
+// spec asks for.
+func runsSpec(m *clusterv1.Machine) bool {
+	r := m.Status.Versions.ControlPlane
+	if r == nil {
+		return false
+	}
+	want := desired(&m.Spec.Versions)
+	return r.APIServer == want.APIServer && r.ControllerManager == want.ControllerManager && r.Scheduler == want.Scheduler &&
+		(want.Etcd == "" || r.Etcd == want.Etcd)
+}
+
+// desired resolves spec.versions: a component without a version of its
+// own in components runs controlPlane.
+func desired(v *clusterv1.MachineVersions) clusterv1.ComponentVersions {
+	cp := string(v.ControlPlane)
+	out := clusterv1.ComponentVersions{APIServer: cp, ControllerManager: cp, Scheduler: cp}
+	if c := v.Components; c != nil {
+		out.APIServer = or(c.APIServer, cp)
+		out.ControllerManager = or(c.ControllerManager, cp)
+		out.Scheduler = or(c.Scheduler, cp)
+		out.Etcd = c.Etcd
+	}
+	return out
+}
+
+func or(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
+}
+
+// setComponent asks m to run component c at version: one field of its
+// spec.versions, which the machine controller hands its provider.
+func (cp *ControlPlane) setComponent(ctx context.Context, m *clusterv1.Machine, c upgrade.Component, version string) error {
+	before := m.DeepCopy()
+	v := &m.Spec.Versions
+	if c == upgrade.Kubelet {
+		v.Kubelet = clusterv1.KubernetesVersion(version)
+	} else {
+		if v.Components == nil {
+			v.Components = &clusterv1.ComponentVersions{}
+		}
+		switch c {
+		case upgrade.APIServer:
+			v.Components.APIServer = version
+		case upgrade.ControllerManager:
+			v.Components.ControllerManager = version
+		case upgrade.Scheduler:
+			v.Components.Scheduler = version
+		case upgrade.Etcd:
+			v.Components.Etcd = version
+		}
+	}
+	if equalVersions(&before.Spec.Versions, v) {
+		return nil
+	}
+	if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("setting %s of machine %s to %s: %w", c, m.Name, version, err)
+	}
+	return nil
+}
+
+func equalVersions(a, b *clusterv1.MachineVersions) bool {
+	return a.Kubelet == b.Kubelet && a.ControlPlane == b.ControlPlane &&
+		(a.Components == nil) == (b.Components == nil) && (a.Components == nil || *a.Components == *b.Components)
+}
+
+// settle folds the per-component versions of a machine whose control-plane
+// components all run spec.controlPlane.version into spec.versions.controlPlane,
+// so that a finished machine's spec reads as one version again, and its
+// kubelet may follow (never newer than its control plane).
+func (cp *ControlPlane) settle(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine) error {
+	target := string(cluster.Spec.ControlPlane.Version)
+	for i := range machines {
+		m := &machines[i]
+		want := desired(&m.Spec.Versions)
+		if m.Spec.Versions.Components == nil || want.APIServer != target || want.ControllerManager != target || want.Scheduler != target || !runsSpec(m) {
+			continue
+		}
+		before := m.DeepCopy()
+		m.Spec.Versions.ControlPlane = clusterv1.KubernetesVersion(target)
+		m.Spec.Versions.Components = nil
+		if want.Etcd != "" {
+			m.Spec.Versions.Components = &clusterv1.ComponentVersions{Etcd: want.Etcd}
+		}
+		if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+			return fmt.Errorf("recording that machine %s runs %s: %w", m.Name, target, err)
+		}
+	}
+	return nil
+}
+
+// rollback returns the current (or failed) step to the version it came
+// from, records that this generation's upgrade was rolled back, and
+// removes the request. The machine's API server comes back into the
+// endpoint once it is healthy at the old version.
+func (cp *ControlPlane) rollback(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine) error {
+	st := cluster.Status.Upgrade
+	if cur := st.Current; cur != nil && cur.Action == string(upgrade.SetComponent) && cur.State != clusterv1.UpgradeStepRolledBack {
+		if m := find(machines, cur.Machine); m != nil {
+			if err := cp.setComponent(ctx, m, upgrade.Component(cur.Component), cur.From); err != nil {
+				return err
+			}
+		}
+		cur.State = clusterv1.UpgradeStepRolledBack
+		markStep(st, cur)
+		cp.event(cluster, corev1.EventTypeNormal, clusterv1.ClusterUpgradeRolledBackReason, "Rollback",
+			fmt.Sprintf("%s returned to %s", describeStep(cur), cur.From))
+	}
+	st.RolledBackGeneration = cluster.Generation
+	setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUpgradeRolledBackReason,
+		fmt.Sprintf("the upgrade to %s was rolled back; change the Cluster's spec (fix what failed, or another version) to try again", st.To))
+	before := cluster.DeepCopy()
+	delete(cluster.Annotations, clusterv1.UpgradeRollbackAnnotation)
+	if err := cp.Client.Patch(ctx, cluster, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("removing the rollback request: %w", err)
+	}
+	return nil
+}
+
+// workers are the kubelet versions of the cluster's workers that belong to
+// a MachineDeployment, by machine name, and the cluster's deployments: the
+// upgrade's last step rolls them (standalone workers are the user's).
+func (cp *ControlPlane) workers(ctx context.Context, cluster *clusterv1.Cluster) (map[string]string, []clusterv1.MachineDeployment, error) {
+	var mds clusterv1.MachineDeploymentList
+	if err := cp.Client.List(ctx, &mds, client.InNamespace(cluster.Namespace)); err != nil {
+		return nil, nil, fmt.Errorf("listing the machine deployments of %s: %w", cluster.Name, err)
+	}
+	deployments := slices.DeleteFunc(mds.Items, func(d clusterv1.MachineDeployment) bool { return d.Spec.ClusterName != cluster.Name })
+	if len(deployments) == 0 {
+		return nil, nil, nil
+	}
+	var ms clusterv1.MachineList
+	if err := cp.Client.List(ctx, &ms, client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
+		return nil, nil, fmt.Errorf("listing the workers of %s: %w", cluster.Name, err)
+	}
+	workers := map[string]string{}
+	for _, d := range deployments {
+		// A template still at another version has machines to roll,
+		// even before the first of them is replaced.
+		workers["deployment/"+d.Name] = string(d.Spec.Template.Spec.Versions.Kubelet)
+	}
+	for _, m := range ms.Items {
+		if _, cp := m.Labels[clusterv1.ControlPlaneLabel]; cp || m.Labels[clusterv1.MachineDeploymentNameLabel] == "" || !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		workers[m.Name] = m.Status.Versions.Kubelet
+	}
+	return workers, deployments, nil
+}
+
+// rollWorkers moves every deployment of the cluster to the version; their
+// rolling updates replace the machines within maxSurge and maxUnavailable.
+func (cp *ControlPlane) rollWorkers(ctx context.Context, deployments []clusterv1.MachineDeployment, version string) error {
+	for i := range deployments {
+		d := &deployments[i]
+		if string(d.Spec.Template.Spec.Versions.Kubelet) == version {
+			continue
+		}
+		before := d.DeepCopy()
+		d.Spec.Template.Spec.Versions.Kubelet = clusterv1.KubernetesVersion(version)
+		if err := cp.Client.Patch(ctx, d, client.MergeFrom(before)); err != nil {
+			return fmt.Errorf("moving machine deployment %s to %s: %w", d.Name, version, err)
+		}
+	}
+	return nil
+}
+
+// stepsOf is status.upgrade.steps: the whole plan, each step's state from
+// what the machines report.
+func stepsOf(in upgrade.Input, st *clusterv1.UpgradeStatus) []clusterv1.UpgradeStep {
+	var out []clusterv1.UpgradeStep
+	for _, s := range upgrade.Steps(in) {
+		us := *stepStatus(s)
+		switch {
+		case st.Current != nil && sameStep(st.Current, &us):
+			us.State, us.StartedAt = st.Current.State, st.Current.StartedAt
+		case s.Kind == upgrade.SetComponent && s.From == s.To:
+			us.State = clusterv1.UpgradeStepDone
+		default:
+			us.State = clusterv1.UpgradeStepPending
+		}
+		if s.Kind == upgrade.SetComponent && us.From == us.To {
+			us.From = st.From
+		}
+		out = append(out, us)
+		if len(out) == 64 {
+			break
+		}
+	}
+	return out
+}
+
+func stepStatus(s upgrade.Step) *clusterv1.UpgradeStep {
+	return &clusterv1.UpgradeStep{Action: string(s.Kind), Machine: s.Machine, Component: string(s.Component), From: s.From, To: s.To}
+}
+
+func sameStep(a, b *clusterv1.UpgradeStep) bool {
+	return a.Action == b.Action && a.Machine == b.Machine && a.Component == b.Component && a.To == b.To
+}
+
+// markStep copies the current step's state into the plan.
+func markStep(st *clusterv1.UpgradeStatus, cur *clusterv1.UpgradeStep) {
+	for i := range st.Steps {
+		if sameStep(&st.Steps[i], cur) {
+			st.Steps[i].State, st.Steps[i].StartedAt = cur.State, cur.StartedAt
+		}
+	}
+}
+
+func describeStep(s *clusterv1.UpgradeStep) string {
+	switch upgrade.Kind(s.Action) {
+	case upgrade.SetComponent:
+		return fmt.Sprintf("%s on machine %s (%s → %s)", s.Component, s.Machine, s.From, s.To)
+	case upgrade.RemoveMachine:
+		return "removing machine " + s.Machine
+	case upgrade.AddMachine:
+		return "a new control-plane machine at " + s.To
+	}
+	return "the workers' roll to " + s.To
+}
+
+func find(machines []clusterv1.Machine, name string) *clusterv1.Machine {
+	for i := range machines {
+		if machines[i].Name == name {
+			return &machines[i]
+		}
+	}
+	return nil
+}
+
+func setUpgrading(cluster *clusterv1.Cluster, status metav1.ConditionStatus, reason, msg string) {
+	setCondition(cluster, clusterv1.ClusterUpgradeProgressingCondition, status, reason, msg)
+}
+
+func (cp *ControlPlane) event(cluster *clusterv1.Cluster, kind, reason, action, msg string) {
+	if cp.Recorder != nil {
+		cp.Recorder.Eventf(cluster, nil, kind, reason, action, "%s", msg)
+	}
+}
