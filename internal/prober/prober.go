@@ -1,0 +1,116 @@
+// Package prober sends a steady stream of reads and writes to a workload
+// cluster's API and counts the requests that fail: the measure of an
+// upgrade that keeps the API serving (M13). Tests and benchmarks use it.
+package prober
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Result is what a prober saw.
+type Result struct {
+	Requests, Failures int
+	// Errors are the first failures, when and what.
+	Errors []string
+	// Elapsed is how long it ran.
+	Elapsed time.Duration
+}
+
+// Rate is requests per second over the run.
+func (r Result) Rate() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Requests) / r.Elapsed.Seconds()
+}
+
+// Prober runs until Stop.
+type Prober struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	start  time.Time
+
+	mu  sync.Mutex
+	res Result
+}
+
+// maxErrors bounds the errors kept.
+const maxErrors = 20
+
+// Start begins probing: one goroutine writes a ConfigMap, one reads it,
+// one lists the namespaces, each one request per period (100ms: 30 per
+// second). The client should
+// not be rate-limited below that (rest.Config QPS).
+func Start(ctx context.Context, cs kubernetes.Interface, namespace string, period time.Duration) (*Prober, error) {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "marina-prober", Namespace: namespace}, Data: map[string]string{"n": "0"}}
+	if _, err := cs.CoreV1().ConfigMaps(namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("creating the prober's configmap: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	p := &Prober{cancel: cancel, start: time.Now()}
+	n := 0
+	p.loop(ctx, period, func(ctx context.Context) error {
+		n++
+		c := cm.DeepCopy()
+		c.Data["n"] = fmt.Sprint(n)
+		// No resourceVersion: an unconditional update, never a conflict.
+		_, err := cs.CoreV1().ConfigMaps(namespace).Update(ctx, c, metav1.UpdateOptions{})
+		return err
+	})
+	p.loop(ctx, period, func(ctx context.Context) error {
+		_, err := cs.CoreV1().ConfigMaps(namespace).Get(ctx, cm.Name, metav1.GetOptions{})
+		return err
+	})
+	p.loop(ctx, period, func(ctx context.Context) error {
+		_, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{Limit: 10})
+		return err
+	})
+	return p, nil
+}
+
+func (p *Prober) loop(ctx context.Context, period time.Duration, probe func(context.Context) error) {
+	p.wg.Go(func() {
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := probe(rctx)
+			cancel()
+			if ctx.Err() != nil {
+				return // stopped mid-request: not the cluster's failure
+			}
+			p.mu.Lock()
+			p.res.Requests++
+			if err != nil {
+				p.res.Failures++
+				if len(p.res.Errors) < maxErrors {
+					p.res.Errors = append(p.res.Errors, time.Now().Format("15:04:05.000")+" "+err.Error())
+				}
+			}
+			p.mu.Unlock()
+		}
+	})
+}
+
+// Stop ends the probing and returns what it saw.
+func (p *Prober) Stop() Result {
+	p.cancel()
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.res.Elapsed = time.Since(p.start)
+	return p.res
+}

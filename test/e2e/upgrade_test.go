@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/prober"
+	"marina.dev/marina/internal/testenv"
+)
+
+const (
+	upgradeFrom = "v1.36.3"
+	upgradeTo   = "v1.37.2"
+)
+
+// examples/upgrade (issue: the canonical upgrade flow, M11, M12, M13): three
+// control-plane machines with stacked etcd and three workers move from the
+// older release make setup builds to the newer one InPlace, while a prober
+// sends 30 requests a second through the endpoint. Every API server moves
+// before any controller manager, every controller manager before any
+// scheduler, as the machines' status reports; no request fails.
+func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
+	u, root, c := startUpWithClient(t)
+	ctx := context.Background()
+	u.applyExample(t, "upgrade")
+	key := types.NamespacedName{Namespace: "default", Name: "upgrade"}
+	waitControlPlane(t, ctx, c, key, 3, 8*time.Minute)
+	waitWorkers(t, ctx, c, key, 3, upgradeFrom, 4*time.Minute)
+
+	cfg := workloadConfig(t, ctx, c, key)
+	cfg.QPS, cfg.Burst = 200, 400
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := prober.Start(ctx, cs, "default", 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := recordVersions(ctx, c, key)
+
+	start := time.Now()
+	patch := fmt.Sprintf(`{"spec":{"controlPlane":{"version":%q}}}`, upgradeTo)
+	if out, err := u.kubectl(t, "patch", "cluster", key.Name, "--type=merge", "-p", patch); err != nil {
+		t.Fatalf("kubectl patch: %v\n%s", err, out)
+	}
+	waitUpgraded(t, ctx, c, key, 12*time.Minute)
+	took := time.Since(start)
+	res := probe.Stop()
+	changes := rec.stop()
+
+	t.Logf("InPlace %s → %s of 3 control-plane machines and 3 workers: %s; prober: %d requests (%.1f/s), %d failed",
+		upgradeFrom, upgradeTo, took.Round(time.Second), res.Requests, res.Rate(), res.Failures)
+	for _, ch := range changes {
+		t.Logf("  %s  %-24s %s", ch.at.Sub(start).Round(100*time.Millisecond), ch.component, ch.machine)
+	}
+	for _, e := range res.Errors {
+		t.Logf("  failed: %s", e)
+	}
+	if res.Failures != 0 {
+		t.Errorf("%d of %d requests through the endpoint failed during the InPlace upgrade, want 0", res.Failures, res.Requests)
+	}
+	if res.Rate() < 20 {
+		t.Errorf("the prober sent %.1f requests a second, want at least 20", res.Rate())
+	}
+	checkOrder(t, changes, 3)
+
+	cluster := &clusterv1.Cluster{}
+	if err := c.Get(ctx, key, cluster); err != nil {
+		t.Fatal(err)
+	}
+	if st := cluster.Status.Upgrade; st == nil || st.From != upgradeFrom || st.To != upgradeTo || st.CompletedAt == nil {
+		t.Errorf("status.upgrade = %+v, want a completed upgrade from %s to %s", st, upgradeFrom, upgradeTo)
+	}
+	for _, m := range controlPlaneMachines(t, ctx, c, key) {
+		if m.Spec.Versions.ControlPlane != upgradeTo || m.Spec.Versions.Components != nil || m.Spec.Versions.Kubelet != upgradeTo {
+			t.Errorf("machine %s: spec.versions = %+v, want %s throughout and no per-component versions left", m.Name, m.Spec.Versions, upgradeTo)
+		}
+		if _, ok := m.Annotations[clusterv1.EndpointDrainAnnotation]; ok {
+			t.Errorf("machine %s is still out of the endpoint", m.Name)
+		}
+	}
+
+	if out, err := u.kubectl(t, "delete", "cluster", key.Name, "--wait=false"); err != nil {
+		t.Fatalf("kubectl delete cluster: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 3*time.Minute, "the cluster and everything of it gone", func() error {
+		if err := c.Get(ctx, key, &clusterv1.Cluster{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("cluster still there (%v)", err)
+		}
+		if left := leftovers(t, root); len(left) > 0 {
+			return fmt.Errorf("left on disk: %v", left)
+		}
+		return nil
+	})
+	u.stopAndCheckNoLeftovers(t, syscall.SIGTERM)
+}
+
+// waitWorkers waits until the cluster has want Running workers, all at
+// kubelet.
+func waitWorkers(t *testing.T, ctx context.Context, c client.Client, key types.NamespacedName, want int, kubelet string, timeout time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, timeout, fmt.Sprintf("%d workers Running at %s", want, kubelet), func() error {
+		var list clusterv1.MachineList
+		if err := c.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: key.Name}); err != nil {
+			return err
+		}
+		n := 0
+		for _, m := range list.Items {
+			if _, cp := m.Labels[clusterv1.ControlPlaneLabel]; cp || !m.DeletionTimestamp.IsZero() {
+				continue
+			}
+			if m.Status.Phase != clusterv1.MachinePhaseRunning || m.Status.Versions.Kubelet != kubelet {
+				return fmt.Errorf("worker %s: %s at %q", m.Name, m.Status.Phase, m.Status.Versions.Kubelet)
+			}
+			n++
+		}
+		if n != want {
+			return fmt.Errorf("%d workers", n)
+		}
+		return nil
+	})
+}
+
+// waitUpgraded waits for UpgradeProgressing=False, UpgradeComplete, and
+// stops at once when the upgrade halts.
+func waitUpgraded(t *testing.T, ctx context.Context, c client.Client, key types.NamespacedName, timeout time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, timeout, "the upgrade complete", func() error {
+		cluster := &clusterv1.Cluster{}
+		if err := c.Get(ctx, key, cluster); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(cluster.Status.Conditions, clusterv1.ClusterUpgradeProgressingCondition)
+		switch {
+		case cond == nil:
+			return fmt.Errorf("no %s condition", clusterv1.ClusterUpgradeProgressingCondition)
+		case cond.Reason == clusterv1.ClusterUpgradeStepTimeoutReason:
+			t.Fatalf("the upgrade halted: %s", cond.Message)
+		case cond.Reason != clusterv1.ClusterUpgradeCompleteReason:
+			return fmt.Errorf("%s: %s", cond.Reason, cond.Message)
+		}
+		return nil
+	})
+}
+
+// change is one component of one machine first seen at the new version.
+type change struct {
+	at                 time.Time
+	machine, component string
+}
+
+type versionRecorder struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	mu      sync.Mutex
+	changes []change
+}
+
+// recordVersions polls the control-plane machines' status.versions every
+// 200ms and records when each component of each machine first reports
+// upgradeTo.
+func recordVersions(ctx context.Context, c client.Client, key types.NamespacedName) *versionRecorder {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &versionRecorder{cancel: cancel, done: make(chan struct{})}
+	seen := map[string]bool{}
+	go func() {
+		defer close(r.done)
+		for ctx.Err() == nil {
+			var list clusterv1.MachineList
+			if err := c.List(ctx, &list, client.InNamespace(key.Namespace), client.HasLabels{clusterv1.ControlPlaneLabel}); err == nil {
+				now := time.Now()
+				for _, m := range list.Items {
+					v := m.Status.Versions.ControlPlane
+					if v == nil {
+						continue
+					}
+					for component, got := range map[string]string{
+						"kube-apiserver": v.APIServer, "kube-controller-manager": v.ControllerManager,
+						"kube-scheduler": v.Scheduler, "kubelet": m.Status.Versions.Kubelet,
+					} {
+						if id := m.Name + "/" + component; got == upgradeTo && !seen[id] {
+							seen[id] = true
+							r.mu.Lock()
+							r.changes = append(r.changes, change{at: now, machine: m.Name, component: component})
+							r.mu.Unlock()
+						}
+					}
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return r
+}
+
+func (r *versionRecorder) stop() []change {
+	r.cancel()
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	slices.SortStableFunc(r.changes, func(a, b change) int { return a.at.Compare(b.at) })
+	return r.changes
+}
+
+// checkOrder asserts M12's order: every API server before any controller
+// manager, every controller manager before any scheduler, every scheduler
+// before any control-plane kubelet; each on all machines.
+func checkOrder(t *testing.T, changes []change, machines int) {
+	t.Helper()
+	order := []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
+	last := map[string]time.Time{}
+	first := map[string]time.Time{}
+	count := map[string]int{}
+	for _, ch := range changes {
+		count[ch.component]++
+		if f, ok := first[ch.component]; !ok || ch.at.Before(f) {
+			first[ch.component] = ch.at
+		}
+		if ch.at.After(last[ch.component]) {
+			last[ch.component] = ch.at
+		}
+	}
+	for _, c := range order {
+		if count[c] != machines {
+			t.Errorf("%s moved to %s on %d machines, want %d", c, upgradeTo, count[c], machines)
+		}
+	}
+	for i := 1; i < len(order); i++ {
+		before, after := order[i-1], order[i]
+		if !last[before].Before(first[after]) {
+			t.Errorf("a %s moved (at %s) before the last %s (at %s)", after, first[after].Format("15:04:05.000"), before, last[before].Format("15:04:05.000"))
+		}
+	}
+}
