@@ -137,3 +137,69 @@ func TestPlanReplace(t *testing.T) {
 		})
 	}
 }
+
+func TestNeeded(t *testing.T) {
+	o, n := oldV, newV
+	done := func(in Input) Input { in.Workers = map[string]string{"w-1": newV}; return in }
+	tests := []struct {
+		name string
+		in   Input
+		want bool
+	}{
+		{"everything at the version", done(inPlace(at("a", n, n, n, "", n))), false},
+		{"an unhealthy cluster at the version has nothing to upgrade", done(inPlace(sick(at("a", n, n, n, "", n)))), false},
+		{"one scheduler behind", done(inPlace(at("a", n, n, n, "", n), at("b", n, n, o, "", n))), true},
+		{"a kubelet behind", done(inPlace(at("a", n, n, n, "", o))), true},
+		{"a worker behind", inPlace(at("a", n, n, n, "", n)), true},
+		{"a component that has not reported counts as behind", done(inPlace(at("a", "", n, n, "", n))), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Needed(tc.in); got != tc.want {
+				t.Errorf("Needed = %v, want %v", got, tc.want)
+			}
+			if d := Plan(tc.in); d.Done == tc.want {
+				t.Errorf("Plan = %+v, but Needed = %v", d, tc.want)
+			}
+		})
+	}
+}
+
+// The plan a person reads lists every step Plan takes, in its order, and
+// nothing else.
+func TestStepsListWhatPlanWalks(t *testing.T) {
+	o := oldV
+	in := inPlace(at("a", o, o, o, "", o), at("b", o, o, o, "", o))
+	steps := Steps(in)
+	if len(steps) != 4*2+1 {
+		t.Fatalf("%d steps, want 9 (4 components on 2 machines, then the workers): %v", len(steps), steps)
+	}
+	for i := 0; ; i++ {
+		d := Plan(in)
+		if d.Done {
+			if i != len(steps) {
+				t.Errorf("Plan took %d steps, Steps listed %d", i, len(steps))
+			}
+			return
+		}
+		if d.Next == nil || *d.Next != steps[i] {
+			t.Fatalf("step %d: Plan says %+v, Steps listed %v", i, d, steps[i])
+		}
+		apply(&in, *d.Next)
+	}
+}
+
+// apply is what carrying out s leads the machines to report.
+func apply(in *Input, s Step) {
+	if s.Kind == RollWorkers {
+		for w := range in.Workers {
+			in.Workers[w] = s.To
+		}
+		return
+	}
+	for i := range in.Machines {
+		if in.Machines[i].Name == s.Machine {
+			in.Machines[i].Versions[s.Component] = s.To
+		}
+	}
+}
