@@ -203,17 +203,21 @@ func unhealthy(in Input, except string) string {
 	return ""
 }
 
-// Needed reports whether anything runs another version than in asks for:
-// a control-plane component or a worker's kubelet. A cluster that runs
-// its version has no upgrade, healthy or not.
+// Needed reports whether anything reports another version than in asks
+// for: a control-plane component or a worker's kubelet. A cluster that
+// runs its version has no upgrade, healthy or not; nor has one whose
+// machines are still being made (they report nothing yet, and are made at
+// the spec's version).
 func Needed(in Input) bool {
 	for _, m := range in.Machines {
-		if !current(in, m) {
-			return true
+		for _, c := range Order {
+			if t, got := targetOf(in, c), m.Versions[c]; t != "" && got != "" && got != t {
+				return true
+			}
 		}
 	}
 	for _, v := range in.Workers {
-		if v != in.Version {
+		if v != "" && v != in.Version {
 			return true
 		}
 	}

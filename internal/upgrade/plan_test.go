@@ -151,7 +151,9 @@ func TestNeeded(t *testing.T) {
 		{"one scheduler behind", done(inPlace(at("a", n, n, n, "", n), at("b", n, n, o, "", n))), true},
 		{"a kubelet behind", done(inPlace(at("a", n, n, n, "", o))), true},
 		{"a worker behind", inPlace(at("a", n, n, n, "", n)), true},
-		{"a component that has not reported counts as behind", done(inPlace(at("a", "", n, n, "", n))), true},
+		{"machines being made report nothing: no upgrade", done(inPlace(at("a", "", "", "", "", ""), at("b", n, n, n, "", n))), false},
+		{"workers being made report nothing: no upgrade", func() Input { in := inPlace(at("a", n, n, n, "", n)); in.Workers["w-1"] = ""; return in }(), false},
+		{"one restarting component does not hide the others behind", done(inPlace(at("a", "", o, o, "", o))), true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -144,12 +144,14 @@ func waitUpgraded(t *testing.T, ctx context.Context, c client.Client, key types.
 			return err
 		}
 		cond := meta.FindStatusCondition(cluster.Status.Conditions, clusterv1.ClusterUpgradeProgressingCondition)
-		switch {
+		switch st := cluster.Status.Upgrade; {
+		case st == nil || st.To != upgradeTo:
+			return fmt.Errorf("status.upgrade = %+v: not begun", st)
 		case cond == nil:
 			return fmt.Errorf("no %s condition", clusterv1.ClusterUpgradeProgressingCondition)
 		case cond.Reason == clusterv1.ClusterUpgradeStepTimeoutReason:
 			t.Fatalf("the upgrade halted: %s", cond.Message)
-		case cond.Reason != clusterv1.ClusterUpgradeCompleteReason:
+		case cond.Reason != clusterv1.ClusterUpgradeCompleteReason || st.CompletedAt == nil:
 			return fmt.Errorf("%s: %s", cond.Reason, cond.Message)
 		}
 		return nil

@@ -107,7 +107,8 @@ func inputOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, health ma
 // oldest API server to the spec's version.
 func begin(cluster *clusterv1.Cluster, in upgrade.Input) *clusterv1.UpgradeStatus {
 	st := cluster.Status.Upgrade
-	if st != nil && st.To == in.Version && st.CompletedAt == nil {
+	if st != nil && st.To == in.Version {
+		st.CompletedAt = nil // a component fell behind again after it was done: resume
 		return st
 	}
 	from := cluster.Status.ControlPlane.Components.APIServer
