@@ -375,3 +375,28 @@ type MachineList struct {
 	// Items are the machines.
 	Items []Machine `json:"items"`
 }
+
+// ControlPlaneComponents resolves controlPlane and components: the version
+// each control-plane component should run (a component without a version
+// of its own runs controlPlane; etcd is empty unless set). All empty on a
+// worker.
+func (v *MachineVersions) ControlPlaneComponents() ComponentVersions {
+	cp := string(v.ControlPlane)
+	if cp == "" {
+		return ComponentVersions{}
+	}
+	out := ComponentVersions{APIServer: cp, ControllerManager: cp, Scheduler: cp}
+	if c := v.Components; c != nil {
+		if c.APIServer != "" {
+			out.APIServer = c.APIServer
+		}
+		if c.ControllerManager != "" {
+			out.ControllerManager = c.ControllerManager
+		}
+		if c.Scheduler != "" {
+			out.Scheduler = c.Scheduler
+		}
+		out.Etcd = c.Etcd
+	}
+	return out
+}

@@ -114,6 +114,9 @@ type Machine struct {
 	// EtcdVersion, during an in-place upgrade (M12); empty fields follow
 	// Version and EtcdVersion.
 	Overrides clusterv1.ComponentVersions
+	// NewSettings, when set, replace Components for each component whose
+	// override moves it off Version: its settings change with its version.
+	NewSettings *clusterv1.ControlPlaneComponents
 	// BinDir is the absolute directory holding the pinned binaries,
 	// <component>-<version>.
 	BinDir string
@@ -253,9 +256,23 @@ func ControlPlane(m *Machine, now time.Time) (*Bundle, error) {
 	if in.etcd.Stacked != nil {
 		b.Manifests[Etcd] = in.manifest(Etcd, or(o.Etcd, in.etcdVersion), in.etcdFlags(), nil)
 	}
-	b.Manifests[APIServer] = in.manifest(APIServer, or(o.APIServer, m.Version), in.apiServerFlags(), m.Components.APIServer.ExtraArgs)
-	b.Manifests[ControllerManager] = in.manifest(ControllerManager, or(o.ControllerManager, m.Version), in.controllerManagerFlags(), m.Components.ControllerManager.ExtraArgs)
-	b.Manifests[Scheduler] = in.manifest(Scheduler, or(o.Scheduler, m.Version), in.schedulerFlags(), m.Components.Scheduler.ExtraArgs)
+	settings := func(version string, pick func(*clusterv1.ControlPlaneComponents) clusterv1.ComponentSettings) map[string]string {
+		if m.NewSettings != nil && version != m.Version {
+			return pick(m.NewSettings).ExtraArgs
+		}
+		return pick(&m.Components).ExtraArgs
+	}
+	for _, c := range []struct {
+		name, version string
+		flags         []flag
+		pick          func(*clusterv1.ControlPlaneComponents) clusterv1.ComponentSettings
+	}{
+		{APIServer, or(o.APIServer, m.Version), in.apiServerFlags(), func(c *clusterv1.ControlPlaneComponents) clusterv1.ComponentSettings { return c.APIServer }},
+		{ControllerManager, or(o.ControllerManager, m.Version), in.controllerManagerFlags(), func(c *clusterv1.ControlPlaneComponents) clusterv1.ComponentSettings { return c.ControllerManager }},
+		{Scheduler, or(o.Scheduler, m.Version), in.schedulerFlags(), func(c *clusterv1.ControlPlaneComponents) clusterv1.ComponentSettings { return c.Scheduler }},
+	} {
+		b.Manifests[c.name] = in.manifest(c.name, c.version, c.flags, settings(c.version, c.pick))
+	}
 	return b, nil
 }
 
@@ -338,14 +355,19 @@ func resolve(m *Machine) (*input, error) {
 	}
 	errs = append(errs, in.resolveNetwork()...)
 	errs = append(errs, in.resolveEtcd()...)
-	for _, c := range []struct {
+	type args struct {
 		name string
 		args map[string]string
-	}{
+	}
+	all := []args{
 		{APIServer, m.Components.APIServer.ExtraArgs},
 		{ControllerManager, m.Components.ControllerManager.ExtraArgs},
 		{Scheduler, m.Components.Scheduler.ExtraArgs},
-	} {
+	}
+	if n := m.NewSettings; n != nil {
+		all = append(all, args{APIServer, n.APIServer.ExtraArgs}, args{ControllerManager, n.ControllerManager.ExtraArgs}, args{Scheduler, n.Scheduler.ExtraArgs})
+	}
+	for _, c := range all {
 		names := make([]string, 0, len(c.args))
 		for k := range c.args {
 			names = append(names, k)

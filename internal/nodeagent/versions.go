@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
@@ -61,17 +62,16 @@ func (a *agent) watchVersions(ctx context.Context) {
 	every(ctx, time.Second, 0, apply)
 }
 
-// setVersions writes the manifest of each component whose version differs
-// from what it was last given, leaving the others untouched: their
-// manifests would be the same, but a rewrite is not needed to tell.
+// setVersions writes the manifest of each component whose version or
+// settings differ from what it was last given, and no other.
 func (cp *controlPlane) setVersions(v sandbox.Versions) error {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
-	if v.ControlPlane == cp.machine.Overrides {
+	if v.ControlPlane == cp.machine.Overrides && reflect.DeepEqual(v.Settings, cp.machine.NewSettings) {
 		return nil
 	}
 	m := *cp.machine
-	m.Overrides = v.ControlPlane
+	m.Overrides, m.NewSettings = v.ControlPlane, v.Settings
 	bundle, err := bootstrap.ControlPlane(&m, time.Now())
 	if err != nil {
 		return fmt.Errorf("making the manifests for %+v: %w", v.ControlPlane, err)
@@ -81,7 +81,7 @@ func (cp *controlPlane) setVersions(v sandbox.Versions) error {
 		return err
 	}
 	for name, man := range bundle.Manifests {
-		if prev := old.Manifests[name]; prev != nil && prev.Version == man.Version {
+		if reflect.DeepEqual(old.Manifests[name], man) {
 			continue
 		}
 		if err := components.WriteManifest(m.Dir, name, man); err != nil {

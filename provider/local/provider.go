@@ -260,7 +260,7 @@ func (p *Provider) SetVersions(_ context.Context, uid types.UID, v provider.Vers
 			return &provider.InvalidSpecError{Message: fmt.Sprintf("Kubernetes %s was not built here (%s): run make setup with it", want, p.binDir)}
 		}
 	}
-	return sandbox.WriteVersions(dir, sandbox.Versions{Kubelet: v.Kubelet, ControlPlane: v.ControlPlane})
+	return sandbox.WriteVersions(dir, sandbox.Versions{Kubelet: v.Kubelet, ControlPlane: v.ControlPlane, Settings: v.Settings})
 }
 
 // UIDs lists the machines that have a sandbox under the root (not the

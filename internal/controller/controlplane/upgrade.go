@@ -31,30 +31,32 @@ const defaultStepTimeout = 10 * time.Minute
 // reports, and times the current step). It reports whether an upgrade is
 // under way.
 func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set, machines []clusterv1.Machine, etcd *etcdState) (bool, error) {
-	workers, deployments, err := cp.workers(ctx, cluster)
+	st := cluster.Status.Upgrade
+	underWay := st != nil && st.CompletedAt == nil && st.To == string(cluster.Spec.ControlPlane.Version)
+	workers, deployments, err := Workers(ctx, cp.Client, cluster, underWay)
 	if err != nil {
 		return false, err
 	}
 	if !upgrade.Needed(inputOf(cluster, machines, nil, etcd, workers)) {
 		cp.finish(cluster)
-		return false, cp.undrain(ctx, machines, nil)
+		return false, cp.undrain(ctx, machines, nil, nil)
 	}
 	health := probeMachines(ctx, set, machines)
 	in := inputOf(cluster, machines, health, etcd, workers)
-	st := begin(cluster, in)
+	st = begin(cluster, in)
 	if _, ok := cluster.Annotations[clusterv1.UpgradeRollbackAnnotation]; ok {
 		return true, cp.rollback(ctx, cluster, machines)
 	}
 	if st.RolledBackGeneration == cluster.Generation {
 		setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUpgradeRolledBackReason,
 			fmt.Sprintf("the upgrade to %s was rolled back; change the Cluster's spec (fix what failed, or another version) to try again", in.Version))
-		return true, cp.undrain(ctx, machines, health)
+		return true, cp.undrain(ctx, machines, health, nil)
 	}
 	if err := upgrade.Check(st.From, in.Version, nil); err != nil {
 		setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUnsupportedUpgradeReason, err.Error())
 		return true, nil
 	}
-	if err := cp.undrain(ctx, machines, health); err != nil {
+	if err := cp.undrain(ctx, machines, health, st.Current); err != nil {
 		return true, err
 	}
 	if err := cp.settle(ctx, cluster, machines); err != nil {
@@ -75,12 +77,21 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 // inputOf is the planner's input: each control-plane machine's reported
 // versions and health, etcd's health and the workers' kubelets.
 func inputOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, health map[string]string, etcd *etcdState, workers map[string]string) upgrade.Input {
+	in := UpgradeInput(cluster, string(cluster.Spec.ControlPlane.Version), machines, health, workers)
+	in.EtcdHealthy = !stacked(cluster) || (etcd.err == nil && etcd.healthy() == len(etcd.members))
+	return in
+}
+
+// UpgradeInput is the planner's input for an upgrade of cluster to version
+// from what its machines report; health names the unhealthy machines (nil:
+// all healthy, as marina upgrade plan assumes), etcd counts as healthy.
+func UpgradeInput(cluster *clusterv1.Cluster, version string, machines []clusterv1.Machine, health map[string]string, workers map[string]string) upgrade.Input {
 	spec := cluster.Spec.ControlPlane
 	in := upgrade.Input{
-		Version:     string(spec.Version),
+		Version:     version,
 		Strategy:    upgrade.Strategy(spec.UpgradeStrategy.Type),
 		Replicas:    int(max(spec.Replicas, 1)),
-		EtcdHealthy: !stacked(cluster) || (etcd.err == nil && etcd.healthy() == len(etcd.members)),
+		EtcdHealthy: true,
 		Workers:     workers,
 	}
 	if in.Strategy == "" {
@@ -259,11 +270,12 @@ func Drained(m *clusterv1.Machine) bool {
 }
 
 // undrain puts back into the endpoint every drained machine that is
-// healthy and runs what its spec asks: its step is over.
-func (cp *ControlPlane) undrain(ctx context.Context, machines []clusterv1.Machine, health map[string]string) error {
+// healthy and runs what its spec asks, unless the current step, about to
+// change its spec, has not taken effect yet: its step is over.
+func (cp *ControlPlane) undrain(ctx context.Context, machines []clusterv1.Machine, health map[string]string, cur *clusterv1.UpgradeStep) error {
 	for i := range machines {
 		m := &machines[i]
-		if !Drained(m) || health[m.Name] != "" || !runsSpec(m) {
+		if !Drained(m) || health[m.Name] != "" || !runsSpec(m) || pending(cur, m) {
 			continue
 		}
 		before := m.DeepCopy()
@@ -275,6 +287,20 @@ func (cp *ControlPlane) undrain(ctx context.Context, machines []clusterv1.Machin
 	return nil
 }
 
+// pending: cur is a step on m that m does not report done yet.
+func pending(cur *clusterv1.UpgradeStep, m *clusterv1.Machine) bool {
+	if cur == nil || cur.Machine != m.Name || cur.Action != string(upgrade.SetComponent) || cur.State == clusterv1.UpgradeStepRolledBack {
+		return false
+	}
+	r := m.Status.Versions.ControlPlane
+	if r == nil {
+		return true
+	}
+	got := map[string]string{string(upgrade.APIServer): r.APIServer, string(upgrade.ControllerManager): r.ControllerManager,
+		string(upgrade.Scheduler): r.Scheduler, string(upgrade.Etcd): r.Etcd, string(upgrade.Kubelet): m.Status.Versions.Kubelet}
+	return got[cur.Component] != cur.To
+}
+
 // runsSpec: every control-plane component of m reports the version its
 // spec asks for.
 func runsSpec(m *clusterv1.Machine) bool {
@@ -282,30 +308,9 @@ func runsSpec(m *clusterv1.Machine) bool {
 	if r == nil {
 		return false
 	}
-	want := desired(&m.Spec.Versions)
+	want := m.Spec.Versions.ControlPlaneComponents()
 	return r.APIServer == want.APIServer && r.ControllerManager == want.ControllerManager && r.Scheduler == want.Scheduler &&
 		(want.Etcd == "" || r.Etcd == want.Etcd)
-}
-
-// desired resolves spec.versions: a component without a version of its
-// own in components runs controlPlane.
-func desired(v *clusterv1.MachineVersions) clusterv1.ComponentVersions {
-	cp := string(v.ControlPlane)
-	out := clusterv1.ComponentVersions{APIServer: cp, ControllerManager: cp, Scheduler: cp}
-	if c := v.Components; c != nil {
-		out.APIServer = or(c.APIServer, cp)
-		out.ControllerManager = or(c.ControllerManager, cp)
-		out.Scheduler = or(c.Scheduler, cp)
-		out.Etcd = c.Etcd
-	}
-	return out
-}
-
-func or(v, def string) string {
-	if v != "" {
-		return v
-	}
-	return def
 }
 
 // setComponent asks m to run component c at version: one field of its
@@ -352,7 +357,7 @@ func (cp *ControlPlane) settle(ctx context.Context, cluster *clusterv1.Cluster, 
 	target := string(cluster.Spec.ControlPlane.Version)
 	for i := range machines {
 		m := &machines[i]
-		want := desired(&m.Spec.Versions)
+		want := m.Spec.Versions.ControlPlaneComponents()
 		if m.Spec.Versions.Components == nil || want.APIServer != target || want.ControllerManager != target || want.Scheduler != target || !runsSpec(m) {
 			continue
 		}
@@ -397,12 +402,14 @@ func (cp *ControlPlane) rollback(ctx context.Context, cluster *clusterv1.Cluster
 	return nil
 }
 
-// workers are the kubelet versions of the cluster's workers that belong to
-// a MachineDeployment, by machine name, and the cluster's deployments: the
-// upgrade's last step rolls them (standalone workers are the user's).
-func (cp *ControlPlane) workers(ctx context.Context, cluster *clusterv1.Cluster) (map[string]string, []clusterv1.MachineDeployment, error) {
+// Workers are the kubelet versions of the cluster's workers that belong
+// to a MachineDeployment, by machine name, and the cluster's deployments:
+// the upgrade's last step rolls them (standalone workers are the user's).
+// Under way, an upgrade also waits for every deployment to finish rolling
+// out.
+func Workers(ctx context.Context, c client.Reader, cluster *clusterv1.Cluster, underWay bool) (map[string]string, []clusterv1.MachineDeployment, error) {
 	var mds clusterv1.MachineDeploymentList
-	if err := cp.Client.List(ctx, &mds, client.InNamespace(cluster.Namespace)); err != nil {
+	if err := c.List(ctx, &mds, client.InNamespace(cluster.Namespace)); err != nil {
 		return nil, nil, fmt.Errorf("listing the machine deployments of %s: %w", cluster.Name, err)
 	}
 	deployments := slices.DeleteFunc(mds.Items, func(d clusterv1.MachineDeployment) bool { return d.Spec.ClusterName != cluster.Name })
@@ -410,14 +417,20 @@ func (cp *ControlPlane) workers(ctx context.Context, cluster *clusterv1.Cluster)
 		return nil, nil, nil
 	}
 	var ms clusterv1.MachineList
-	if err := cp.Client.List(ctx, &ms, client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
+	if err := c.List(ctx, &ms, client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
 		return nil, nil, fmt.Errorf("listing the workers of %s: %w", cluster.Name, err)
 	}
 	workers := map[string]string{}
 	for _, d := range deployments {
 		// A template still at another version has machines to roll,
-		// even before the first of them is replaced.
-		workers["deployment/"+d.Name] = string(d.Spec.Template.Spec.Versions.Kubelet)
+		// even before the first of them is replaced; one at the version
+		// has until its rollout is over (its new machines report no
+		// version until they run).
+		v := string(d.Spec.Template.Spec.Versions.Kubelet)
+		if underWay && !rolledOut(&d) {
+			v = "rolling out"
+		}
+		workers["deployment/"+d.Name] = v
 	}
 	for _, m := range ms.Items {
 		if _, cp := m.Labels[clusterv1.ControlPlaneLabel]; cp || m.Labels[clusterv1.MachineDeploymentNameLabel] == "" || !m.DeletionTimestamp.IsZero() {
@@ -426,6 +439,16 @@ func (cp *ControlPlane) workers(ctx context.Context, cluster *clusterv1.Cluster)
 		workers[m.Name] = m.Status.Versions.Kubelet
 	}
 	return workers, deployments, nil
+}
+
+// rolledOut: every machine of d is of its current template and ready.
+func rolledOut(d *clusterv1.MachineDeployment) bool {
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	st := d.Status
+	return st.ObservedGeneration >= d.Generation && st.Replicas == want && st.UpdatedReplicas == want && st.ReadyReplicas == want
 }
 
 // rollWorkers moves every deployment of the cluster to the version; their

@@ -137,49 +137,33 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, m *clusterv1.Machine, 
 		}
 	} else if err := r.describe(ctx, m, prov); err != nil || m.Status.FailureReason != "" {
 		return ctrl.Result{}, err
-	} else if err := setVersions(ctx, m, prov); err != nil {
+	} else if err := r.setVersions(ctx, m, prov); err != nil {
 		return ctrl.Result{}, err
 	}
 	return r.reconcileNode(ctx, m, resolved)
 }
 
 // setVersions hands a provider that upgrades in place (M12) the versions
-// spec.versions asks for; it changes nothing when they run already. The
-// control-plane controller moves spec.versions one component at a time.
-func setVersions(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) error {
+// spec.versions asks for, and a control-plane machine's cluster's component
+// settings; it changes nothing when they run already. The control-plane
+// controller moves spec.versions one component at a time.
+func (r *Reconciler) setVersions(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) error {
 	setter, ok := prov.(provider.VersionSetter)
 	if !ok {
 		return nil
 	}
-	if err := setter.SetVersions(ctx, m.UID, DesiredVersions(&m.Spec.Versions)); err != nil {
+	v := provider.Versions{Kubelet: string(m.Spec.Versions.Kubelet), ControlPlane: m.Spec.Versions.ControlPlaneComponents()}
+	if v.ControlPlane.APIServer != "" {
+		cluster := &clusterv1.Cluster{}
+		if err := r.client.Get(ctx, clusterKey(m), cluster); err != nil {
+			return fmt.Errorf("reading the cluster of machine %s: %w", m.Name, err)
+		}
+		v.Settings = &cluster.Spec.ControlPlane.Components
+	}
+	if err := setter.SetVersions(ctx, m.UID, v); err != nil {
 		return fmt.Errorf("setting the versions of machine %s with provider %s: %w", m.Name, prov.Name(), err)
 	}
 	return nil
-}
-
-// DesiredVersions resolves spec.versions: a component without a version
-// of its own in components runs controlPlane.
-func DesiredVersions(v *clusterv1.MachineVersions) provider.Versions {
-	out := provider.Versions{Kubelet: string(v.Kubelet)}
-	cp := string(v.ControlPlane)
-	if cp == "" {
-		return out
-	}
-	out.ControlPlane = clusterv1.ComponentVersions{APIServer: cp, ControllerManager: cp, Scheduler: cp}
-	if c := v.Components; c != nil {
-		out.ControlPlane.APIServer = or(c.APIServer, cp)
-		out.ControlPlane.ControllerManager = or(c.ControllerManager, cp)
-		out.ControlPlane.Scheduler = or(c.Scheduler, cp)
-		out.ControlPlane.Etcd = c.Etcd
-	}
-	return out
-}
-
-func or(v, def string) string {
-	if v != "" {
-		return v
-	}
-	return def
 }
 
 // resolve merges the class and checks the blob with the provider. A nil

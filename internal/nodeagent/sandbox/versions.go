@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/files"
@@ -23,6 +24,10 @@ const VersionsFile = "versions.json"
 type Versions struct {
 	Kubelet      string                      `json:"kubelet,omitempty"`
 	ControlPlane clusterv1.ComponentVersions `json:"controlPlane,omitempty"`
+	// Settings are the cluster's component settings now; a component
+	// runs them once it runs another version than the machine was made
+	// with (its settings change with its version).
+	Settings *clusterv1.ControlPlaneComponents `json:"settings,omitempty"`
 }
 
 // ReadVersions reads dir's versions; a missing file is no override.
@@ -44,7 +49,7 @@ func ReadVersions(dir string) (Versions, error) {
 // WriteVersions writes v into dir atomically; it writes nothing when the
 // file already says v, so that calling it again changes nothing.
 func WriteVersions(dir string, v Versions) error {
-	if have, err := ReadVersions(dir); err == nil && have == v {
+	if have, err := ReadVersions(dir); err == nil && reflect.DeepEqual(have, v) {
 		return nil
 	}
 	data, err := json.MarshalIndent(v, "", "  ")

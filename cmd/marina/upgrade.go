@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/controlplane"
+	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/internal/upgrade"
+)
+
+// managementFlags find the management plane: --kubeconfig, else
+// $KUBECONFIG, else marina up's admin kubeconfig.
+type managementFlags struct {
+	kubeconfig, namespace string
+}
+
+func (f *managementFlags) add(cmd *cobra.Command) {
+	def := os.Getenv("KUBECONFIG")
+	if def == "" {
+		def = filepath.Join(envOr("MARINA_STATE_DIR", defaultStateDir()), "admin.kubeconfig")
+	}
+	cmd.PersistentFlags().StringVar(&f.kubeconfig, "kubeconfig", def, "kubeconfig of the management plane (default $KUBECONFIG, else marina up's)")
+	cmd.PersistentFlags().StringVarP(&f.namespace, "namespace", "n", "default", "namespace of the cluster")
+}
+
+func (f *managementFlags) client() (client.Client, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", f.kubeconfig, err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the management plane: %w", err)
+	}
+	return c, nil
+}
+
+func newUpgradeCommand() *cobra.Command {
+	var mf managementFlags
+	cmd := &cobra.Command{
+		Use:   "upgrade",
+		Short: "Plan, follow and roll back a cluster's control-plane upgrade",
+		Long: `An upgrade starts when spec.controlPlane.version of a Cluster changes
+(kubectl patch or apply). These commands show what it will do and how far
+it has come, and roll back a step that failed.`,
+	}
+	mf.add(cmd)
+
+	var to string
+	plan := &cobra.Command{
+		Use:   "plan CLUSTER --to VERSION",
+		Short: "Print the steps an upgrade to VERSION would take; changes nothing",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if to == "" {
+				return fmt.Errorf("--to is required: the version to upgrade to, e.g. --to v1.37.2")
+			}
+			o, err := observe(cmd.Context(), &mf, args[0])
+			if err != nil {
+				return err
+			}
+			return printPlan(cmd.OutOrStdout(), o, to)
+		},
+	}
+	plan.Flags().StringVar(&to, "to", "", "the version to upgrade to, e.g. v1.37.2")
+
+	status := &cobra.Command{
+		Use:   "status CLUSTER",
+		Short: "Print the versions each control-plane machine's components run, and the upgrade's state",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o, err := observe(cmd.Context(), &mf, args[0])
+			if err != nil {
+				return err
+			}
+			printStatus(cmd.OutOrStdout(), o)
+			return nil
+		},
+	}
+
+	rollback := &cobra.Command{
+		Use:   "rollback CLUSTER",
+		Short: "Return the current or failed upgrade step to its previous version",
+		Long: `Rollback returns the step the upgrade is on (usually one that halted
+with StepTimeout) to the version it came from, and holds the upgrade
+until the Cluster's spec changes: fix what failed, or choose another
+version, and it goes on.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := mf.client()
+			if err != nil {
+				return err
+			}
+			cluster := &clusterv1.Cluster{}
+			if err := c.Get(cmd.Context(), types.NamespacedName{Namespace: mf.namespace, Name: args[0]}, cluster); err != nil {
+				return fmt.Errorf("reading cluster %s/%s: %w", mf.namespace, args[0], err)
+			}
+			st := cluster.Status.Upgrade
+			if st == nil || st.CompletedAt != nil || st.Current == nil {
+				return fmt.Errorf("cluster %s has no upgrade step under way to roll back", args[0])
+			}
+			patch := client.MergeFrom(cluster.DeepCopy())
+			if cluster.Annotations == nil {
+				cluster.Annotations = map[string]string{}
+			}
+			cluster.Annotations[clusterv1.UpgradeRollbackAnnotation] = time.Now().UTC().Format(time.RFC3339)
+			if err := c.Patch(cmd.Context(), cluster, patch); err != nil {
+				return fmt.Errorf("asking for the rollback: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Rolling back %s to %s; follow it with: marina upgrade status %s\n",
+				describe(st.Current), st.Current.From, args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(plan, status, rollback)
+	return cmd
+}
+
+// observed is a cluster with its control-plane machines and workers.
+type observed struct {
+	cluster  *clusterv1.Cluster
+	machines []clusterv1.Machine
+	workers  map[string]string
+	deploys  []clusterv1.MachineDeployment
+}
+
+func observe(ctx context.Context, mf *managementFlags, name string) (*observed, error) {
+	c, err := mf.client()
+	if err != nil {
+		return nil, err
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	o := &observed{cluster: &clusterv1.Cluster{}}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: mf.namespace, Name: name}, o.cluster); err != nil {
+		return nil, fmt.Errorf("reading cluster %s/%s: %w", mf.namespace, name, err)
+	}
+	if o.machines, err = (&controlplane.ControlPlane{Live: c}).Machines(ctx, o.cluster); err != nil {
+		return nil, err
+	}
+	if o.workers, o.deploys, err = controlplane.Workers(ctx, c, o.cluster, false); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// printPlan prints the steps of an upgrade of o to version, assuming every
+// machine stays healthy; it refuses what the version rules refuse (M19).
+func printPlan(w io.Writer, o *observed, version string) error {
+	from := o.cluster.Status.ControlPlane.Components.APIServer
+	if err := upgrade.Check(from, version, nil); err != nil {
+		return fmt.Errorf("cluster %s cannot be upgraded to %s: %w", o.cluster.Name, version, err)
+	}
+	in := controlplane.UpgradeInput(o.cluster, version, o.machines, nil, o.workers)
+	if !upgrade.Needed(in) {
+		fmt.Fprintf(w, "Cluster %s runs %s already: nothing to do.\n", o.cluster.Name, version)
+		return nil
+	}
+	var todo []upgrade.Step
+	for _, s := range upgrade.Steps(in) {
+		if s.Kind != upgrade.SetComponent || s.From != s.To {
+			todo = append(todo, s)
+		}
+	}
+	fmt.Fprintf(w, "Upgrade of cluster %s/%s from %s to %s (%s): %d steps, each once the step before is healthy.\n",
+		o.cluster.Namespace, o.cluster.Name, from, version, in.Strategy, len(todo))
+	for i, s := range todo {
+		line := s.String()
+		if s.Kind == upgrade.RollWorkers {
+			var names []string
+			for _, d := range o.deploys {
+				names = append(names, d.Name)
+			}
+			line += " (MachineDeployments " + strings.Join(names, ", ") + ", within their maxSurge and maxUnavailable)"
+		}
+		fmt.Fprintf(w, "%3d  %s\n", i+1, line)
+	}
+	fmt.Fprintf(w, "Nothing was changed. To start: kubectl patch cluster %s -n %s --type=merge -p '{\"spec\":{\"controlPlane\":{\"version\":%q}}}'\n",
+		o.cluster.Name, o.cluster.Namespace, version)
+	return nil
+}
+
+// printStatus prints the upgrade's state and a table of machines ×
+// components × versions, as the components report them.
+func printStatus(w io.Writer, o *observed) {
+	c := o.cluster
+	fmt.Fprintf(w, "Cluster %s/%s: spec version %s", c.Namespace, c.Name, c.Spec.ControlPlane.Version)
+	if cond := meta.FindStatusCondition(c.Status.Conditions, clusterv1.ClusterUpgradeProgressingCondition); cond != nil {
+		fmt.Fprintf(w, "; UpgradeProgressing=%s (%s)", cond.Status, cond.Reason)
+		if cond.Message != "" {
+			fmt.Fprintf(w, ": %s", cond.Message)
+		}
+	}
+	fmt.Fprintln(w)
+	if st := c.Status.Upgrade; st != nil {
+		done := 0
+		for _, s := range st.Steps {
+			if s.State == clusterv1.UpgradeStepDone {
+				done++
+			}
+		}
+		fmt.Fprintf(w, "Upgrade %s → %s (%s): %d of %d steps done", st.From, st.To, st.Strategy, done, len(st.Steps))
+		if st.Current != nil {
+			fmt.Fprintf(w, "; current: %s, %s", describe(st.Current), st.Current.State)
+		}
+		fmt.Fprintln(w)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MACHINE\tKUBE-APISERVER\tKUBE-CONTROLLER-MANAGER\tKUBE-SCHEDULER\tETCD\tKUBELET\tENDPOINT")
+	for i := range o.machines {
+		m := &o.machines[i]
+		v := m.Status.Versions.ControlPlane
+		if v == nil {
+			v = &clusterv1.ComponentVersions{}
+		}
+		endpoint := "in"
+		if controlplane.Drained(m) {
+			endpoint = "out (upgrading)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, dash(v.APIServer), dash(v.ControllerManager), dash(v.Scheduler),
+			dash(v.Etcd), dash(m.Status.Versions.Kubelet), endpoint)
+	}
+	tw.Flush()
+	counts := map[string]int{}
+	n := 0
+	for name, v := range o.workers {
+		if !strings.HasPrefix(name, "deployment/") {
+			counts[dash(v)]++
+			n++
+		}
+	}
+	if n > 0 {
+		var parts []string
+		for v, k := range counts {
+			parts = append(parts, fmt.Sprintf("%d at %s", k, v))
+		}
+		sort.Strings(parts)
+		fmt.Fprintf(w, "Workers: %d, %s\n", n, strings.Join(parts, ", "))
+	}
+}
+
+func describe(s *clusterv1.UpgradeStep) string {
+	if s.Component != "" {
+		return fmt.Sprintf("%s on %s", s.Component, s.Machine)
+	}
+	if s.Machine != "" {
+		return fmt.Sprintf("%s %s", s.Action, s.Machine)
+	}
+	return s.Action
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
