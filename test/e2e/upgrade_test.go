@@ -3,7 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -11,6 +14,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -45,15 +49,76 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+
+	t.Run("marina upgrade plan lists the steps and changes nothing", func(t *testing.T) {
+		out := u.marina(t, "upgrade", "plan", key.Name, "--to", upgradeTo)
+		for _, want := range []string{"from v1.36.3 to v1.37.2 (InPlace): 13 steps", "  1  kube-apiserver on upgrade-cp-0: v1.36.3 → v1.37.2",
+			"  4  kube-controller-manager on upgrade-cp-0", " 13  roll the workers to v1.37.2"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("marina upgrade plan does not say %q:\n%s", want, out)
+			}
+		}
+		if out, err := u.marinaErr("upgrade", "plan", key.Name, "--to", "v1.38.0"); err == nil || !strings.Contains(out, "skips a minor version") {
+			t.Errorf("a plan skipping a minor version was not refused: %v\n%s", err, out)
+		}
+		cluster := &clusterv1.Cluster{}
+		if err := c.Get(ctx, key, cluster); err != nil || cluster.Spec.ControlPlane.Version != upgradeFrom || cluster.Status.Upgrade != nil {
+			t.Errorf("the plan changed the cluster: %v %+v", err, cluster.Spec.ControlPlane.Version)
+		}
+	})
+
+	// A new API server that cannot start (a flag it does not know, given
+	// with the new version) halts the upgrade after the first machine;
+	// the other two keep serving; rollback restores the first.
+	t.Run("a failing step halts, the cluster stays writable, rollback restores it", func(t *testing.T) {
+		bad := fmt.Sprintf(`{"spec":{"controlPlane":{"version":%q,"upgradeStrategy":{"stepTimeout":"40s"},"components":{"apiServer":{"extraArgs":{"no-such-flag":"1"}}}}}}`, upgradeTo)
+		if out, err := u.kubectl(t, "patch", "cluster", key.Name, "--type=merge", "-p", bad); err != nil {
+			t.Fatalf("kubectl patch: %v\n%s", err, out)
+		}
+		cond := waitUpgradeReason(t, ctx, c, key, clusterv1.ClusterUpgradeStepTimeoutReason, 3*time.Minute)
+		if !strings.Contains(cond.Message, "kube-apiserver on machine upgrade-cp-0") {
+			t.Errorf("the halt does not name the machine and component: %s", cond.Message)
+		}
+		for _, m := range controlPlaneMachines(t, ctx, c, key)[1:] {
+			if v := m.Status.Versions.ControlPlane; v == nil || v.APIServer != upgradeFrom || !meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineNodeReadyCondition) {
+				t.Errorf("machine %s was touched or is not ready after the halt: %+v", m.Name, m.Status.Versions)
+			}
+		}
+		for i := range 5 {
+			if err := writeOnce(ctx, cs, i); err != nil {
+				t.Errorf("the halted cluster is not writable through its endpoint: %v", err)
+			}
+		}
+		out := u.marina(t, "upgrade", "rollback", key.Name)
+		if !strings.Contains(out, "kube-apiserver on upgrade-cp-0 to v1.36.3") {
+			t.Errorf("marina upgrade rollback says: %s", out)
+		}
+		waitUpgradeReason(t, ctx, c, key, clusterv1.ClusterUpgradeRolledBackReason, time.Minute)
+		testenv.Eventually(t, 2*time.Minute, "upgrade-cp-0 back at v1.36.3, in the endpoint", func() error {
+			m := &clusterv1.Machine{}
+			if err := c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: "upgrade-cp-0"}, m); err != nil {
+				return err
+			}
+			if v := m.Status.Versions.ControlPlane; v == nil || v.APIServer != upgradeFrom {
+				return fmt.Errorf("reports %+v", v)
+			}
+			if _, drained := m.Annotations[clusterv1.EndpointDrainAnnotation]; drained {
+				return fmt.Errorf("still out of the endpoint")
+			}
+			return nil
+		})
+	})
+
 	probe, err := prober.Start(ctx, cs, "default", 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := recordVersions(ctx, c, key)
 
+	// Fixing the spec (the flag removed) lets the upgrade go on.
 	start := time.Now()
-	patch := fmt.Sprintf(`{"spec":{"controlPlane":{"version":%q}}}`, upgradeTo)
-	if out, err := u.kubectl(t, "patch", "cluster", key.Name, "--type=merge", "-p", patch); err != nil {
+	fix := `{"spec":{"controlPlane":{"upgradeStrategy":{"stepTimeout":"3m"},"components":{"apiServer":{"extraArgs":null}}}}}`
+	if out, err := u.kubectl(t, "patch", "cluster", key.Name, "--type=merge", "-p", fix); err != nil {
 		t.Fatalf("kubectl patch: %v\n%s", err, out)
 	}
 	waitUpgraded(t, ctx, c, key, 12*time.Minute)
@@ -106,6 +171,46 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 		return nil
 	})
 	u.stopAndCheckNoLeftovers(t, syscall.SIGTERM)
+}
+
+// waitUpgradeReason waits for the UpgradeProgressing condition to have reason.
+func waitUpgradeReason(t *testing.T, ctx context.Context, c client.Client, key types.NamespacedName, reason string, timeout time.Duration) *metav1.Condition {
+	t.Helper()
+	var cond *metav1.Condition
+	testenv.Eventually(t, timeout, "UpgradeProgressing reason "+reason, func() error {
+		cluster := &clusterv1.Cluster{}
+		if err := c.Get(ctx, key, cluster); err != nil {
+			return err
+		}
+		cond = meta.FindStatusCondition(cluster.Status.Conditions, clusterv1.ClusterUpgradeProgressingCondition)
+		if cond == nil || cond.Reason != reason {
+			return fmt.Errorf("%+v", cond)
+		}
+		return nil
+	})
+	return cond
+}
+
+func writeOnce(ctx context.Context, cs kubernetes.Interface, i int) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return write(ctx, cs, i)
+}
+
+// marina runs the marina CLI against the management plane.
+func (u *upProcess) marina(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := u.marinaErr(args...)
+	if err != nil {
+		t.Fatalf("marina %v: %v\n%s", args, err, out)
+	}
+	return out
+}
+
+func (u *upProcess) marinaErr(args ...string) (string, error) {
+	cmd := exec.Command(marinaBin, append(args, "--kubeconfig", filepath.Join(u.stateDir, "admin.kubeconfig"))...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // waitWorkers waits until the cluster has want Running workers, all at
