@@ -43,41 +43,7 @@ var (
 //	go test -run '^$' -bench BenchmarkClusterReady -benchtime 1x ./bench/ -args -control-planes=3
 func BenchmarkClusterReady(b *testing.B) {
 	ctx := context.Background()
-	tmp := b.TempDir()
-	marina, err := testenv.BuildMarina(tmp)
-	must(b, err)
-	binDir, err := testenv.BinDir()
-	must(b, err)
-	state := filepath.Join(tmp, "state")
-	port := testenv.FreePorts(b, 4)
-	up := exec.Command(marina, "up", "--state-dir", state, "--bin-dir", binDir,
-		"--api-port", strconv.Itoa(port), "--etcd-port", strconv.Itoa(port+1), "--webhook-port", strconv.Itoa(port+3))
-	logPath := filepath.Join(tmp, "up.log")
-	logFile, err := os.Create(logPath)
-	must(b, err)
-	defer logFile.Close()
-	up.Stdout, up.Stderr = logFile, logFile
-	must(b, up.Start())
-	root := filepath.Join(state, "machines")
-	defer func() {
-		_ = up.Process.Signal(syscall.SIGTERM)
-		_ = up.Wait()
-		stopSandboxes(b, marina, root)
-	}()
-	var c client.Client
-	testenv.Eventually(b, 3*time.Minute, "the management plane", func() error {
-		cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(state, "admin.kubeconfig"))
-		if err != nil {
-			return err
-		}
-		if c, err = client.New(cfg, client.Options{Scheme: scheme.New()}); err != nil {
-			return err
-		}
-		if log, _ := os.ReadFile(logPath); !bytes.Contains(log, []byte("management plane is up")) {
-			return fmt.Errorf("not up yet")
-		}
-		return nil
-	})
+	c, root := startUp(b)
 
 	for i := 0; i < b.N; i++ {
 		name := fmt.Sprintf("bench-%d", i)
@@ -134,6 +100,48 @@ func BenchmarkClusterReady(b *testing.B) {
 			return nil
 		})
 	}
+}
+
+// startUp builds marina, starts marina up in a temporary state directory
+// and returns a management-plane client and the local provider's root;
+// everything is stopped and removed when b ends.
+func startUp(b *testing.B) (client.Client, string) {
+	tmp := b.TempDir()
+	marina, err := testenv.BuildMarina(tmp)
+	must(b, err)
+	binDir, err := testenv.BinDir()
+	must(b, err)
+	state := filepath.Join(tmp, "state")
+	port := testenv.FreePorts(b, 4)
+	up := exec.Command(marina, "up", "--state-dir", state, "--bin-dir", binDir,
+		"--api-port", strconv.Itoa(port), "--etcd-port", strconv.Itoa(port+1), "--webhook-port", strconv.Itoa(port+3))
+	logPath := filepath.Join(tmp, "up.log")
+	logFile, err := os.Create(logPath)
+	must(b, err)
+	b.Cleanup(func() { logFile.Close() })
+	up.Stdout, up.Stderr = logFile, logFile
+	must(b, up.Start())
+	root := filepath.Join(state, "machines")
+	b.Cleanup(func() {
+		_ = up.Process.Signal(syscall.SIGTERM)
+		_ = up.Wait()
+		stopSandboxes(b, marina, root)
+	})
+	var c client.Client
+	testenv.Eventually(b, 3*time.Minute, "the management plane", func() error {
+		cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(state, "admin.kubeconfig"))
+		if err != nil {
+			return err
+		}
+		if c, err = client.New(cfg, client.Options{Scheme: scheme.New()}); err != nil {
+			return err
+		}
+		if log, _ := os.ReadFile(logPath); !bytes.Contains(log, []byte("management plane is up")) {
+			return fmt.Errorf("not up yet")
+		}
+		return nil
+	})
+	return c, root
 }
 
 func benchCluster(name string, replicas int) *clusterv1.Cluster {
