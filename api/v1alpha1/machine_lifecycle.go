@@ -73,8 +73,9 @@ const (
 
 	// UpgradeRollbackAnnotation on a Cluster asks the control-plane
 	// controller to return the failed or current upgrade step to its
-	// previous version (marina upgrade rollback); it removes the annotation
-	// when done.
+	// previous version (marina upgrade rollback). Its value is the
+	// Cluster's metadata.generation: the upgrade holds until the spec
+	// changes, after which the annotation no longer applies.
 	UpgradeRollbackAnnotation = GroupName + "/upgrade-rollback"
 
 	// PreTerminateHookPrefix: while a Machine being deleted has an

@@ -7,9 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -118,7 +118,7 @@ version, and it goes on.`,
 			if cluster.Annotations == nil {
 				cluster.Annotations = map[string]string{}
 			}
-			cluster.Annotations[clusterv1.UpgradeRollbackAnnotation] = time.Now().UTC().Format(time.RFC3339)
+			cluster.Annotations[clusterv1.UpgradeRollbackAnnotation] = strconv.FormatInt(cluster.Generation, 10)
 			if err := c.Patch(cmd.Context(), cluster, patch); err != nil {
 				return fmt.Errorf("asking for the rollback: %w", err)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,12 +45,10 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 	health := probeMachines(ctx, set, machines)
 	in := inputOf(cluster, machines, health, etcd, workers)
 	st = begin(cluster, in)
-	if _, ok := cluster.Annotations[clusterv1.UpgradeRollbackAnnotation]; ok {
-		return true, cp.rollback(ctx, cluster, machines)
-	}
-	if st.RolledBackGeneration == cluster.Generation {
-		setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUpgradeRolledBackReason,
-			fmt.Sprintf("the upgrade to %s was rolled back; change the Cluster's spec (fix what failed, or another version) to try again", in.Version))
+	if cluster.Annotations[clusterv1.UpgradeRollbackAnnotation] == strconv.FormatInt(cluster.Generation, 10) {
+		if err := cp.rollback(ctx, cluster, machines); err != nil {
+			return true, err
+		}
 		return true, cp.undrain(ctx, machines, health, nil)
 	}
 	if err := upgrade.Check(st.From, in.Version, nil); err != nil {
@@ -375,30 +374,29 @@ func (cp *ControlPlane) settle(ctx context.Context, cluster *clusterv1.Cluster, 
 }
 
 // rollback returns the current (or failed) step to the version it came
-// from, records that this generation's upgrade was rolled back, and
-// removes the request. The machine's API server comes back into the
-// endpoint once it is healthy at the old version.
+// from and holds the upgrade for as long as the rollback request names
+// this generation: the request stays on the Cluster, so a restart rolls
+// back again (a no-op) instead of retrying the step. The machine's API
+// server comes back into the endpoint once it is healthy at the old
+// version.
 func (cp *ControlPlane) rollback(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine) error {
 	st := cluster.Status.Upgrade
-	if cur := st.Current; cur != nil && cur.Action == string(upgrade.SetComponent) && cur.State != clusterv1.UpgradeStepRolledBack {
+	if cur := st.Current; cur != nil && cur.Action == string(upgrade.SetComponent) {
 		if m := find(machines, cur.Machine); m != nil {
 			if err := cp.setComponent(ctx, m, upgrade.Component(cur.Component), cur.From); err != nil {
 				return err
 			}
 		}
-		cur.State = clusterv1.UpgradeStepRolledBack
+		if cur.State != clusterv1.UpgradeStepRolledBack {
+			cur.State = clusterv1.UpgradeStepRolledBack
+			cp.event(cluster, corev1.EventTypeNormal, clusterv1.ClusterUpgradeRolledBackReason, "Rollback",
+				fmt.Sprintf("%s returned to %s", describeStep(cur), cur.From))
+		}
 		markStep(st, cur)
-		cp.event(cluster, corev1.EventTypeNormal, clusterv1.ClusterUpgradeRolledBackReason, "Rollback",
-			fmt.Sprintf("%s returned to %s", describeStep(cur), cur.From))
 	}
 	st.RolledBackGeneration = cluster.Generation
 	setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUpgradeRolledBackReason,
 		fmt.Sprintf("the upgrade to %s was rolled back; change the Cluster's spec (fix what failed, or another version) to try again", st.To))
-	before := cluster.DeepCopy()
-	delete(cluster.Annotations, clusterv1.UpgradeRollbackAnnotation)
-	if err := cp.Client.Patch(ctx, cluster, client.MergeFrom(before)); err != nil {
-		return fmt.Errorf("removing the rollback request: %w", err)
-	}
 	return nil
 }
 
