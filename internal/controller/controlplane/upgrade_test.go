@@ -1,0 +1,91 @@
+package controlplane
+
+import (
+	"testing"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/upgrade"
+)
+
+// The upgrade takes over only while the control plane has its machines
+// and none is being deleted; a Replace upgrade's extra machine makes the
+// scale planner want a Delete, which the upgrade decides instead.
+func TestMayUpgrade(t *testing.T) {
+	three := Facts{Replicas: 3, Initialized: true, Machines: []Machine{ready("a"), ready("b"), ready("c")}}
+	four := three
+	four.Machines = append(append([]Machine(nil), three.Machines...), Machine{Name: "d"})
+	short := three
+	short.Machines = three.Machines[:2]
+	gone := three
+	gone.Machines = []Machine{ready("a"), ready("b"), deleting(ready("c"))}
+	for _, tc := range []struct {
+		name string
+		step Step
+		f    Facts
+		want bool
+	}{
+		{"all there and done", Step{Action: Done}, three, true},
+		{"all there, one not ready (its API server restarts)", Step{Action: Wait}, three, true},
+		{"Replace's fourth machine", Step{Action: Delete, Machine: "d"}, four, true},
+		{"one missing: the scale planner makes it first", Step{Action: Create}, short, false},
+		{"one being deleted: its release goes first", Step{Action: Release, Machine: "c"}, gone, false},
+		{"not initialized", Step{Action: Wait}, Facts{Replicas: 1, Machines: []Machine{{Name: "a"}}}, false},
+	} {
+		if got := mayUpgrade(tc.step, tc.f); got != tc.want {
+			t.Errorf("%s: mayUpgrade = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A drained machine stays out of the endpoint while the step on it has
+// not taken effect, and comes back once its component reports the target
+// (or the step was rolled back).
+func TestPendingStep(t *testing.T) {
+	m := &clusterv1.Machine{}
+	m.Name = "a"
+	m.Status.Versions.ControlPlane = &clusterv1.ComponentVersions{APIServer: "v1.36.3", ControllerManager: "v1.36.3", Scheduler: "v1.36.3"}
+	step := &clusterv1.UpgradeStep{Action: string(upgrade.SetComponent), Machine: "a", Component: string(upgrade.APIServer), From: "v1.36.3", To: "v1.37.2"}
+	if !pending(step, m) {
+		t.Errorf("a step whose component still reports its old version is not pending")
+	}
+	other := *step
+	other.Machine = "b"
+	if pending(&other, m) {
+		t.Errorf("a step on another machine holds this one out of the endpoint")
+	}
+	rolledBack := *step
+	rolledBack.State = clusterv1.UpgradeStepRolledBack
+	if pending(&rolledBack, m) {
+		t.Errorf("a rolled-back step holds its machine out of the endpoint")
+	}
+	m.Status.Versions.ControlPlane.APIServer = "v1.37.2"
+	if pending(step, m) {
+		t.Errorf("a step whose component reports the target is still pending")
+	}
+	if pending(nil, m) {
+		t.Errorf("no step, yet pending")
+	}
+}
+
+// status.upgrade.steps: done from what the machines report, the current
+// one with its state, the rest pending.
+func TestStepsOf(t *testing.T) {
+	in := upgrade.Input{Version: "v1.37.2", Strategy: upgrade.InPlace, Replicas: 2, EtcdHealthy: true, Machines: []upgrade.Machine{
+		{Name: "a", Healthy: true, Versions: map[upgrade.Component]string{upgrade.APIServer: "v1.37.2", upgrade.ControllerManager: "v1.36.3", upgrade.Scheduler: "v1.36.3", upgrade.Kubelet: "v1.36.3"}},
+		{Name: "b", Healthy: true, Versions: map[upgrade.Component]string{upgrade.APIServer: "v1.36.3", upgrade.ControllerManager: "v1.36.3", upgrade.Scheduler: "v1.36.3", upgrade.Kubelet: "v1.36.3"}},
+	}}
+	cur := &clusterv1.UpgradeStep{Action: string(upgrade.SetComponent), Machine: "b", Component: string(upgrade.APIServer), To: "v1.37.2", State: clusterv1.UpgradeStepRunning}
+	steps := stepsOf(in, &clusterv1.UpgradeStatus{From: "v1.36.3", Current: cur})
+	if len(steps) != 8 {
+		t.Fatalf("%d steps, want 8: %+v", len(steps), steps)
+	}
+	want := []clusterv1.UpgradeStepState{clusterv1.UpgradeStepDone, clusterv1.UpgradeStepRunning, clusterv1.UpgradeStepPending}
+	for i, w := range want {
+		if steps[i].State != w {
+			t.Errorf("step %d (%s on %s) is %s, want %s", i, steps[i].Component, steps[i].Machine, steps[i].State, w)
+		}
+	}
+	if steps[0].From != "v1.36.3" {
+		t.Errorf("a done step reads from %q, want the upgrade's v1.36.3", steps[0].From)
+	}
+}
