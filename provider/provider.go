@@ -92,6 +92,18 @@ type Request struct {
 	// Bootstrap is how the machine joins its cluster; produced by marina, the
 	// same for every provider.
 	Bootstrap Bootstrap
+	// KubeletConfig is the kubelet configuration of spec.kubeletConfigRef
+	// (M16), checked; nil: the kubelet's defaults.
+	KubeletConfig *KubeletConfig
+}
+
+// KubeletConfig is a kubelet configuration document and where it came
+// from.
+type KubeletConfig struct {
+	// Name of the ConfigMap.
+	Name string
+	// Data is the KubeletConfiguration document.
+	Data []byte
 }
 
 // Bootstrap is what a new machine needs to join its workload cluster. It

@@ -55,6 +55,9 @@ const (
 	// MachineProvisioningFailedReason: the provider failed to create the
 	// machine; the message has its error.
 	MachineProvisioningFailedReason = "ProvisioningFailed"
+	// MachineKubeletConfigUnavailableReason: spec.kubeletConfigRef names a
+	// ConfigMap that is missing or holds no KubeletConfiguration (M16).
+	MachineKubeletConfigUnavailableReason = "KubeletConfigUnavailable"
 	// MachineWaitingForControlPlaneReason: a worker waits until the cluster's
 	// control plane answers before it joins (M10).
 	MachineWaitingForControlPlaneReason = "WaitingForControlPlane"

@@ -65,6 +65,11 @@ const (
 	// controller copies into status.versions.controlPlane.
 	ControlPlaneVersionsAnnotation = GroupName + "/control-plane-versions"
 
+	// KubeletConfigAnnotation is kept on a Node by its agent: the kubelet
+	// configuration it runs, "<configmap>/<hash>" (M16); the machine
+	// controller copies it into status.kubeletConfig.
+	KubeletConfigAnnotation = GroupName + "/kubelet-config"
+
 	// EndpointDrainAnnotation on a control-plane Machine takes its API
 	// server out of the cluster endpoint's backends before an upgrade step
 	// restarts it (M13); its value is when (RFC 3339). The control-plane

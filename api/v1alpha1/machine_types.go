@@ -170,6 +170,16 @@ type ContainerRuntime struct {
 	Version string `json:"version,omitempty"`
 }
 
+// KubeletConfigStatus is the kubelet configuration a machine runs.
+type KubeletConfigStatus struct {
+	// name of the ConfigMap the configuration came from.
+	// +optional
+	Name string `json:"name,omitempty"`
+	// hash is sha256 of the document, the first 16 hex digits.
+	// +optional
+	Hash string `json:"hash,omitempty"`
+}
+
 // KubeletConfigReference points at a versioned kubelet configuration.
 type KubeletConfigReference struct {
 	// name of a ConfigMap in the machine's namespace whose key "kubelet"
@@ -247,6 +257,13 @@ type MachineStatus struct {
 	//
 	// +optional
 	Versions MachineObservedVersions `json:"versions,omitempty"`
+
+	// kubeletConfig is the kubelet configuration the machine's kubelet
+	// runs, as its agent reports it (M16): the ConfigMap it came from and
+	// a hash of the document.
+	//
+	// +optional
+	KubeletConfig *KubeletConfigStatus `json:"kubeletConfig,omitempty"`
 
 	// failureReason is a short, machine-readable word for a failure that
 	// needs a person (or the machine's replacement) to fix; empty otherwise.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"marina.dev/marina/internal/bootstraptoken"
+	"marina.dev/marina/internal/kubeletconfig"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
@@ -82,10 +83,14 @@ func run(ctx context.Context, dir string, t timing) error {
 	if err := checkBootstrap(b, cpConfig != nil); err != nil {
 		return fmt.Errorf("bootstrap of sandbox %s: %w", dir, err)
 	}
+	kubeletConfig, err := readKubeletConfig(dir, b)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", dir, err)
+	}
 	log := klog.FromContext(ctx).WithValues("node", b.NodeName)
 	ctx, cancel := context.WithCancel(klog.NewContext(ctx, log))
 	defer cancel()
-	a := &agent{boot: b, dir: dir, stop: cancel, t: t, log: log}
+	a := &agent{boot: b, dir: dir, stop: cancel, t: t, log: log, kubeletConfig: kubeletConfig}
 	a.kubelet.set(b.KubeletVersion)
 	if cpConfig != nil {
 		if a.cp, a.cs, err = startControlPlane(ctx, dir, b, cpConfig); err != nil {
@@ -149,10 +154,13 @@ type agent struct {
 	// kubelet is the kubelet version reported: boot's, or the versions
 	// file's once an upgrade set it.
 	kubelet kubelet
-	dir     string
-	stop    context.CancelFunc
-	t       timing
-	log     klog.Logger
+	// kubeletConfig is the configuration the machine was given; nil: the
+	// kubelet's defaults.
+	kubeletConfig *kubeletconfig.Config
+	dir           string
+	stop          context.CancelFunc
+	t             timing
+	log           klog.Logger
 }
 
 // sandboxGone stops the agent if its sandbox was removed under it (a

@@ -56,7 +56,7 @@ func (a *agent) register(ctx context.Context) (nodeRef, error) {
 	// Registered with its status, as the kubelet does: whoever watches Nodes
 	// sees a ready, versioned Node in one event, not two.
 	want := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: a.boot.NodeName, Labels: a.labels()},
+		ObjectMeta: metav1.ObjectMeta{Name: a.boot.NodeName, Labels: a.labels(), Annotations: a.annotations()},
 		Spec:       corev1.NodeSpec{ProviderID: a.boot.ProviderID, Taints: a.boot.Taints},
 		Status:     a.status(nil).nodeStatus(),
 	}
@@ -101,6 +101,12 @@ func (a *agent) adoptNode(ctx context.Context) error {
 			upd.Labels = map[string]string{}
 		}
 		maps.Copy(upd.Labels, a.labels())
+		if want := a.annotations(); len(want) > 0 {
+			if upd.Annotations == nil {
+				upd.Annotations = map[string]string{}
+			}
+			maps.Copy(upd.Annotations, want)
+		}
 		upd.Spec.Taints = mergeTaints(upd.Spec.Taints, a.boot.Taints)
 		if apiequality.Semantic.DeepEqual(cur, upd) {
 			return nil
@@ -230,8 +236,8 @@ func (a *agent) status(cur *corev1.Node) statusPatch {
 		runtimeVersion = simulatedRuntimeName
 	}
 	return statusPatch{
-		Capacity:    a.boot.Capacity,
-		Allocatable: a.boot.Capacity,
+		Capacity:    a.capacity(),
+		Allocatable: a.capacity(),
 		Conditions:  conds,
 		Addresses: []corev1.NodeAddress{
 			{Type: corev1.NodeInternalIP, Address: a.boot.Address},

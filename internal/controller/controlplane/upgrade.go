@@ -155,7 +155,7 @@ func (cp *ControlPlane) finish(cluster *clusterv1.Cluster) {
 func (cp *ControlPlane) wait(cluster *clusterv1.Cluster, why string) {
 	st := cluster.Status.Upgrade
 	if cur := st.Current; cur != nil && cur.StartedAt != nil && cur.State != clusterv1.UpgradeStepRolledBack {
-		if time.Since(cur.StartedAt.Time) > stepTimeout(cluster) || cur.State == clusterv1.UpgradeStepFailed {
+		if overdue(cluster, cur) || cur.State == clusterv1.UpgradeStepFailed {
 			cp.halt(cluster, cur, why)
 			return
 		}
@@ -172,6 +172,13 @@ func (cp *ControlPlane) halt(cluster *clusterv1.Cluster, cur *clusterv1.UpgradeS
 	}
 	markStep(cluster.Status.Upgrade, cur)
 	setUpgrading(cluster, metav1.ConditionFalse, clusterv1.ClusterUpgradeStepTimeoutReason, msg)
+}
+
+// overdue: the step has run longer than stepTimeout. The workers' roll
+// is not timed here: it is as long as the fleet, and its MachineDeployments
+// report their own progress.
+func overdue(cluster *clusterv1.Cluster, cur *clusterv1.UpgradeStep) bool {
+	return cur.Action != string(upgrade.RollWorkers) && cur.StartedAt != nil && time.Since(cur.StartedAt.Time) > stepTimeout(cluster)
 }
 
 func stepTimeout(cluster *clusterv1.Cluster) time.Duration {
@@ -202,7 +209,7 @@ func (cp *ControlPlane) take(ctx context.Context, cluster *clusterv1.Cluster, ma
 		now := metav1.Now()
 		cur.StartedAt = &now
 	}
-	if cur.State == clusterv1.UpgradeStepFailed || time.Since(cur.StartedAt.Time) > stepTimeout(cluster) {
+	if cur.State == clusterv1.UpgradeStepFailed || overdue(cluster, cur) {
 		cp.halt(cluster, cur, "it does not report "+step.To+" and pass its health checks")
 		return nil
 	}

@@ -84,6 +84,7 @@ var errCrash = errors.New("simulated crash")
 // +kubebuilder:rbac:groups=cluster.marina.dev,resources=machines/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=cluster.marina.dev,resources=machineclasses;clusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
 
 // SetupWithManager builds the controller and its watches.
 func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Reconciler, error) {

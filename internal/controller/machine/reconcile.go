@@ -18,6 +18,7 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstraptoken"
 	"marina.dev/marina/internal/class"
+	"marina.dev/marina/internal/kubeletconfig"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
 )
@@ -221,11 +222,16 @@ func (r *Reconciler) provision(ctx context.Context, m *clusterv1.Machine, prov p
 	if boot == nil {
 		return res, err
 	}
+	kubeletConfig, ok, err := r.kubeletConfig(ctx, m)
+	if !ok {
+		return ctrl.Result{RequeueAfter: kubeletConfigRecheck}, err
+	}
 	spec := m.Spec.DeepCopy()
 	spec.Labels, spec.Taints = nodeMetadata(m.Spec.Roles, resolved.Labels, resolved.Taints)
 	inst, err := prov.Create(ctx, &provider.Request{
 		UID: m.UID, Namespace: m.Namespace, Name: m.Name,
 		Machine: *spec, ProviderSpec: resolved.ProviderSpec.Raw, Bootstrap: *boot,
+		KubeletConfig: kubeletConfig,
 	})
 	if err != nil {
 		if provider.IsInvalidSpec(err) {
@@ -293,6 +299,10 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 	}
 	m.Status.NodeRef = &clusterv1.NodeReference{Name: node.Name, UID: string(node.UID)}
 	m.Status.Versions.Kubelet = node.Status.NodeInfo.KubeletVersion
+	m.Status.KubeletConfig = nil
+	if name, hash, ok := kubeletconfig.ParseReported(node.Annotations[clusterv1.KubeletConfigAnnotation]); ok {
+		m.Status.KubeletConfig = &clusterv1.KubeletConfigStatus{Name: name, Hash: hash}
+	}
 	if hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) {
 		m.Status.Versions.ControlPlane = controlPlaneVersions(node)
 	}

@@ -38,6 +38,14 @@ func TestTemplateHash(t *testing.T) {
 	if c, _ := TemplateHash(labelled); c == a {
 		t.Error("a template label change gave the same hash: machines would keep old labels")
 	}
+	// M16: naming another kubelet configuration rolls the machines.
+	v1, v2 := template("v1.37.2"), template("v1.37.2")
+	v1.Spec.KubeletConfigRef = &clusterv1.KubeletConfigReference{Name: "kubelet-v1"}
+	v2.Spec.KubeletConfigRef = &clusterv1.KubeletConfigReference{Name: "kubelet-v2"}
+	h1, _ := TemplateHash(v1)
+	if h2, _ := TemplateHash(v2); h1 == h2 || h1 == a {
+		t.Error("a template naming another kubelet configuration gave the same hash: its machines would not roll")
+	}
 }
 
 func msAt(name string, rev string) *clusterv1.MachineSet {

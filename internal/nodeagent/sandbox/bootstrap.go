@@ -29,6 +29,9 @@ const (
 	// TLS bootstrap (mode 0600).
 	NodeCertFile = "node.crt"
 	NodeKeyFile  = "node.key"
+	// KubeletConfigFile holds the kubelet configuration document the
+	// machine was given (M16), when Bootstrap.KubeletConfigName is set.
+	KubeletConfigFile = "kubelet.yaml"
 )
 
 // Bootstrap is everything a node agent knows about its machine and its
@@ -61,6 +64,9 @@ type Bootstrap struct {
 	// ContainerRuntimeVersion is reported in
 	// status.nodeInfo.containerRuntimeVersion, e.g. containerd://2.1.4.
 	ContainerRuntimeVersion string `json:"containerRuntimeVersion,omitempty"`
+	// KubeletConfigName is the ConfigMap the kubelet configuration in
+	// KubeletConfigFile came from; empty: the kubelet's defaults.
+	KubeletConfigName string `json:"kubeletConfigName,omitempty"`
 }
 
 // ReadBootstrap reads dir's bootstrap document. Its error wraps
