@@ -32,9 +32,10 @@ const (
 // examples/upgrade (issue: the canonical upgrade flow, M11, M12, M13): three
 // control-plane machines with stacked etcd and three workers move from the
 // older release make setup builds to the newer one InPlace, while a prober
-// sends 30 requests a second through the endpoint. Every API server moves
-// before any controller manager, every controller manager before any
-// scheduler, as the machines' status reports; no request fails.
+// sends 30 requests a second through the endpoint, and marina up is killed
+// and restarted mid-way. Every API server moves before any controller
+// manager, every controller manager before any scheduler, as the machines'
+// status reports; no request fails.
 func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
@@ -121,6 +122,18 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	if out, err := u.kubectl(t, "patch", "cluster", key.Name, "--type=merge", "-p", fix); err != nil {
 		t.Fatalf("kubectl patch: %v\n%s", err, out)
 	}
+	// Crash safety: marina up killed outright once the first API server
+	// has moved, and started again, resumes at the step the machines show.
+	testenv.Eventually(t, 4*time.Minute, "the first API server at "+upgradeTo, func() error {
+		if rec.count("kube-apiserver") == 0 {
+			return fmt.Errorf("no API server moved yet")
+		}
+		return nil
+	})
+	t.Logf("%s: killing marina up mid-upgrade", time.Since(start).Round(100*time.Millisecond))
+	u = restartKilled(t, u, u.stateDir)
+	c = mgmtClient(t, u.stateDir)
+	rec.setClient(c)
 	waitUpgraded(t, ctx, c, key, 12*time.Minute)
 	took := time.Since(start)
 	res := probe.Stop()
@@ -273,7 +286,28 @@ type versionRecorder struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	mu      sync.Mutex
+	c       client.Client
 	changes []change
+}
+
+// setClient points the recorder at a restarted management plane.
+func (r *versionRecorder) setClient(c client.Client) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.c = c
+}
+
+// count is how many machines' component moved so far.
+func (r *versionRecorder) count(component string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, ch := range r.changes {
+		if ch.component == component {
+			n++
+		}
+	}
+	return n
 }
 
 // recordVersions polls the control-plane machines' status.versions every
@@ -281,12 +315,15 @@ type versionRecorder struct {
 // upgradeTo.
 func recordVersions(ctx context.Context, c client.Client, key types.NamespacedName) *versionRecorder {
 	ctx, cancel := context.WithCancel(ctx)
-	r := &versionRecorder{cancel: cancel, done: make(chan struct{})}
+	r := &versionRecorder{cancel: cancel, done: make(chan struct{}), c: c}
 	seen := map[string]bool{}
 	go func() {
 		defer close(r.done)
 		for ctx.Err() == nil {
 			var list clusterv1.MachineList
+			r.mu.Lock()
+			c := r.c
+			r.mu.Unlock()
 			if err := c.List(ctx, &list, client.InNamespace(key.Namespace), client.HasLabels{clusterv1.ControlPlaneLabel}); err == nil {
 				now := time.Now()
 				for _, m := range list.Items {
