@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,41 +12,12 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/controller/controlplane"
-	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/upgrade"
 )
-
-// managementFlags find the management plane: --kubeconfig, else
-// $KUBECONFIG, else marina up's admin kubeconfig.
-type managementFlags struct {
-	kubeconfig, namespace string
-}
-
-func (f *managementFlags) add(cmd *cobra.Command) {
-	def := os.Getenv("KUBECONFIG")
-	if def == "" {
-		def = filepath.Join(envOr("MARINA_STATE_DIR", defaultStateDir()), "admin.kubeconfig")
-	}
-	cmd.PersistentFlags().StringVar(&f.kubeconfig, "kubeconfig", def, "kubeconfig of the management plane (default $KUBECONFIG, else marina up's)")
-	cmd.PersistentFlags().StringVarP(&f.namespace, "namespace", "n", "default", "namespace of the cluster")
-}
-
-func (f *managementFlags) client() (client.Client, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("loading kubeconfig %s: %w", f.kubeconfig, err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		return nil, fmt.Errorf("connecting to the management plane: %w", err)
-	}
-	return c, nil
-}
 
 func newUpgradeCommand() *cobra.Command {
 	var mf managementFlags
@@ -123,7 +92,7 @@ version, and it goes on.`,
 				return fmt.Errorf("asking for the rollback: %w", err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Rolling back %s to %s; follow it with: marina upgrade status %s\n",
-				describe(st.Current), st.Current.From, args[0])
+				stepName(st.Current), st.Current.From, args[0])
 			return nil
 		},
 	}
@@ -217,7 +186,7 @@ func printStatus(w io.Writer, o *observed) {
 		}
 		fmt.Fprintf(w, "Upgrade %s → %s (%s): %d of %d steps done", st.From, st.To, st.Strategy, done, len(st.Steps))
 		if st.Current != nil {
-			fmt.Fprintf(w, "; current: %s, %s", describe(st.Current), st.Current.State)
+			fmt.Fprintf(w, "; current: %s, %s", stepName(st.Current), st.Current.State)
 		}
 		fmt.Fprintln(w)
 	}
@@ -255,7 +224,7 @@ func printStatus(w io.Writer, o *observed) {
 	}
 }
 
-func describe(s *clusterv1.UpgradeStep) string {
+func stepName(s *clusterv1.UpgradeStep) string {
 	if s.Component != "" {
 		return fmt.Sprintf("%s on %s", s.Component, s.Machine)
 	}

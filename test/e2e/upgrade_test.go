@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -170,6 +171,28 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 			t.Errorf("machine %s is still out of the endpoint", m.Name)
 		}
 	}
+
+	t.Run("marina describe and marina kubeconfig show the upgraded cluster", func(t *testing.T) {
+		out := u.marina(t, "describe", "cluster", key.Name)
+		for _, want := range []string{"Cluster/upgrade", "├─ControlPlane", "Machine/upgrade-cp-2", "kube-apiserver v1.37.2, kube-controller-manager v1.37.2",
+			"MachineDeployment/upgrade-workers", "3/3 ready"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("marina describe cluster does not show %q:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "\x1b[") {
+			t.Errorf("colour codes in piped output")
+		}
+		path := filepath.Join(t.TempDir(), "upgrade.kubeconfig")
+		u.marina(t, "kubeconfig", key.Name, "--output-file", path)
+		fi, err := os.Stat(path)
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("the kubeconfig file: %v, mode %v; want 0600", err, fi.Mode())
+		}
+		if out, err := u.kubectl(t, "--kubeconfig", path, "get", "nodes"); err != nil || strings.Count(out, " Ready ") != 6 {
+			t.Errorf("kubectl get nodes with the written kubeconfig: %v\n%s", err, out)
+		}
+	})
 
 	if out, err := u.kubectl(t, "delete", "cluster", key.Name, "--wait=false"); err != nil {
 		t.Fatalf("kubectl delete cluster: %v\n%s", err, out)

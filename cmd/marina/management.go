@@ -1,0 +1,44 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"marina.dev/marina/internal/scheme"
+)
+
+// managementFlags find the management plane as kubectl does (--kubeconfig,
+// --context, -n), except that without --kubeconfig and $KUBECONFIG they
+// use marina up's admin kubeconfig: the embedded management plane is the
+// default one.
+type managementFlags struct {
+	kubeconfig, context, namespace string
+}
+
+func (f *managementFlags) add(cmd *cobra.Command) {
+	def := os.Getenv("KUBECONFIG")
+	if def == "" {
+		def = filepath.Join(envOr("MARINA_STATE_DIR", defaultStateDir()), "admin.kubeconfig")
+	}
+	cmd.PersistentFlags().StringVar(&f.kubeconfig, "kubeconfig", def, "kubeconfig of the management plane (default $KUBECONFIG, else marina up's)")
+	cmd.PersistentFlags().StringVar(&f.context, "context", "", "kubeconfig context to use (default: its current context)")
+	cmd.PersistentFlags().StringVarP(&f.namespace, "namespace", "n", "default", "namespace of the object")
+}
+
+func (f *managementFlags) client() (client.Client, error) {
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: f.kubeconfig}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: f.context}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w (start the management plane with marina up, or pass --kubeconfig)", f.kubeconfig, err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the management plane: %w", err)
+	}
+	return c, nil
+}

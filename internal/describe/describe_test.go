@@ -1,0 +1,157 @@
+package describe
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files from the output")
+
+var now = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+
+func ago(d time.Duration) metav1.Time { return metav1.NewTime(now.Add(-d)) }
+
+func cond(t, status, reason, msg string) metav1.Condition {
+	return metav1.Condition{Type: t, Status: metav1.ConditionStatus(status), Reason: reason, Message: msg}
+}
+
+func cluster(phase clusterv1.ClusterPhase, ready int32, conds ...metav1.Condition) *clusterv1.Cluster {
+	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ha", Namespace: "default", CreationTimestamp: ago(10 * time.Minute)}}
+	c.Spec.ControlPlane.Version = "v1.37.2"
+	c.Spec.ControlPlane.Replicas = 3
+	c.Status.Phase = phase
+	c.Status.ControlPlane.ReadyReplicas = ready
+	c.Status.Conditions = conds
+	return c
+}
+
+func cpMachine(name string, phase clusterv1.MachinePhase, versions bool, conds ...metav1.Condition) clusterv1.Machine {
+	m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: ago(9 * time.Minute),
+		Labels: map[string]string{clusterv1.ControlPlaneLabel: ""}}}
+	m.Spec.Versions.Kubelet = "v1.37.2"
+	m.Status.Phase = phase
+	m.Status.Conditions = conds
+	if versions {
+		m.Status.Versions.Kubelet = "v1.37.2"
+		m.Status.Versions.ControlPlane = &clusterv1.ComponentVersions{APIServer: "v1.37.2", ControllerManager: "v1.37.2", Scheduler: "v1.37.2", Etcd: "v3.6.16"}
+	}
+	return m
+}
+
+func worker(name, set string, phase clusterv1.MachinePhase, conds ...metav1.Condition) clusterv1.Machine {
+	m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: ago(5 * time.Minute)}}
+	if set != "" {
+		m.OwnerReferences = []metav1.OwnerReference{{Kind: "MachineSet", Name: set}}
+	}
+	m.Spec.Versions.Kubelet = "v1.37.2"
+	m.Status.Phase = phase
+	m.Status.Conditions = conds
+	if phase == clusterv1.MachinePhaseRunning {
+		m.Status.Versions.Kubelet = "v1.37.2"
+	}
+	return m
+}
+
+func fleet(ready int32) ([]clusterv1.MachineDeployment, []clusterv1.MachineSet) {
+	n := int32(2)
+	d := clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{Name: "ha-workers", CreationTimestamp: ago(10 * time.Minute)}}
+	d.Spec.Replicas = &n
+	d.Spec.Template.Spec.Versions.Kubelet = "v1.37.2"
+	d.Status.ReadyReplicas = ready
+	s := clusterv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Name: "ha-workers-7d9f", CreationTimestamp: ago(10 * time.Minute),
+		OwnerReferences: []metav1.OwnerReference{{Kind: "MachineDeployment", Name: "ha-workers"}}}}
+	s.Spec.Replicas = &n
+	s.Spec.Template.Spec.Versions.Kubelet = "v1.37.2"
+	s.Status.ReadyReplicas = ready
+	if ready == n {
+		d.Status.Conditions = []metav1.Condition{cond(clusterv1.MachinesReadyCondition, "True", clusterv1.MachinesReadyReason, "")}
+		s.Status.Conditions = d.Status.Conditions
+	} else {
+		d.Status.Conditions = []metav1.Condition{cond(clusterv1.MachinesReadyCondition, "False", clusterv1.MachinesNotReadyReason, "1 of 2 machines are not Ready")}
+		s.Status.Conditions = d.Status.Conditions
+	}
+	return []clusterv1.MachineDeployment{d}, []clusterv1.MachineSet{s}
+}
+
+var (
+	ready      = cond(clusterv1.ReadyCondition, "True", "Ready", "")
+	nodeReady  = cond(clusterv1.MachineNodeReadyCondition, "True", clusterv1.MachineNodeReadyReason, "")
+	cpReady    = cond(clusterv1.ClusterControlPlaneReadyCondition, "True", clusterv1.ClusterControlPlaneReadyReason, "")
+	etcdHealth = cond(clusterv1.ClusterEtcdHealthyCondition, "True", clusterv1.ClusterEtcdHealthyReason, "3 of 3 etcd members are healthy")
+)
+
+func TestDescribeClusterGolden(t *testing.T) {
+	healthyDeploys, healthySets := fleet(2)
+	halfDeploys, halfSets := fleet(1)
+	cases := map[string]Objects{
+		"healthy": {
+			Cluster: cluster(clusterv1.ClusterPhaseProvisioned, 3, ready, cpReady, etcdHealth),
+			Machines: []clusterv1.Machine{
+				cpMachine("ha-cp-0", clusterv1.MachinePhaseRunning, true, ready, nodeReady),
+				cpMachine("ha-cp-1", clusterv1.MachinePhaseRunning, true, ready, nodeReady),
+				cpMachine("ha-cp-2", clusterv1.MachinePhaseRunning, true, ready, nodeReady),
+				worker("ha-workers-7d9f-a", "ha-workers-7d9f", clusterv1.MachinePhaseRunning, ready, nodeReady),
+				worker("ha-workers-7d9f-b", "ha-workers-7d9f", clusterv1.MachinePhaseRunning, ready, nodeReady),
+				worker("ha-gpu-0", "", clusterv1.MachinePhaseRunning, ready, nodeReady),
+			},
+			MachineDeployments: healthyDeploys, MachineSets: healthySets,
+		},
+		"creating": {
+			Cluster: cluster(clusterv1.ClusterPhaseProvisioning, 1,
+				cond(clusterv1.ReadyCondition, "False", clusterv1.ClusterControlPlaneScalingReason, "1 of 3 control-plane machines ready"),
+				cond(clusterv1.ClusterControlPlaneReadyCondition, "False", clusterv1.ClusterControlPlaneScalingReason, "1 of 3 control-plane machines ready")),
+			Machines: []clusterv1.Machine{
+				cpMachine("ha-cp-0", clusterv1.MachinePhaseRunning, true, ready, nodeReady),
+				cpMachine("ha-cp-1", clusterv1.MachinePhaseProvisioning, false,
+					cond(clusterv1.ReadyCondition, "False", clusterv1.MachineNodeNotFoundReason, "waiting for a Node with spec.providerID local://x to register")),
+				worker("ha-workers-7d9f-a", "ha-workers-7d9f", clusterv1.MachinePhaseRunning, ready, nodeReady),
+				worker("ha-workers-7d9f-b", "ha-workers-7d9f", clusterv1.MachinePhasePending,
+					cond(clusterv1.ReadyCondition, "False", clusterv1.MachineWaitingForControlPlaneReason, "waiting until the cluster's control plane answers")),
+			},
+			MachineDeployments: halfDeploys, MachineSets: halfSets,
+		},
+		"failed-machine": {
+			Cluster: cluster(clusterv1.ClusterPhaseProvisioned, 3, ready, cpReady, etcdHealth),
+			Machines: []clusterv1.Machine{
+				cpMachine("ha-cp-0", clusterv1.MachinePhaseRunning, true, ready, nodeReady),
+				cpMachine("ha-cp-1", clusterv1.MachinePhaseRunning, true, ready, nodeReady),
+				cpMachine("ha-cp-2", clusterv1.MachinePhaseRunning, true, ready, nodeReady),
+				func() clusterv1.Machine {
+					m := worker("ha-gpu-0", "", clusterv1.MachinePhaseFailed, cond(clusterv1.ReadyCondition, "False", clusterv1.MachineInvalidProviderSpecReason, "invalid"))
+					m.Status.FailureReason = clusterv1.MachineInvalidProviderSpecReason
+					m.Status.FailureMessage = "invalid providerSpec field spec.memroy: unknown field; did you mean spec.memory?"
+					return m
+				}(),
+			},
+		},
+	}
+	for name, objects := range cases {
+		t.Run(name, func(t *testing.T) {
+			var out bytes.Buffer
+			if err := Render(&out, Cluster(objects, now), Options{}); err != nil {
+				t.Fatal(err)
+			}
+			golden := filepath.Join("testdata", name+".golden")
+			if *update {
+				if err := os.WriteFile(golden, out.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./internal/describe -update to write it)", err)
+			}
+			if !bytes.Equal(out.Bytes(), want) {
+				t.Errorf("describe %s:\n%s\nwant (%s):\n%s", name, out.String(), golden, want)
+			}
+		})
+	}
+}
