@@ -32,7 +32,7 @@ it has come, and roll back a step that failed.`,
 
 	var to string
 	plan := &cobra.Command{
-		Use:   "plan CLUSTER --to VERSION",
+		Use:     "plan CLUSTER --to VERSION",
 		Short:   "Print the steps an upgrade to VERSION would take; changes nothing",
 		Example: `  marina upgrade plan upgrade --to v1.37.2`,
 		Args:    cobra.ExactArgs(1),
@@ -50,7 +50,7 @@ it has come, and roll back a step that failed.`,
 	plan.Flags().StringVar(&to, "to", "", "the version to upgrade to, e.g. v1.37.2")
 
 	status := &cobra.Command{
-		Use:   "status CLUSTER",
+		Use:     "status CLUSTER",
 		Short:   "Print the versions each control-plane machine's components run, and the upgrade's state",
 		Example: `  watch marina upgrade status upgrade`,
 		Args:    cobra.ExactArgs(1),
