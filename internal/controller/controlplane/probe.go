@@ -28,23 +28,19 @@ func endpointReady(ctx context.Context, cluster *clusterv1.Cluster, set *cluster
 	if ep.Host == "" || set == nil || set.CA == nil {
 		return false
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(set.CA.Cert)
-	client := &http.Client{
-		Timeout:   probeTimeout,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true},
-	}
 	url := fmt.Sprintf("https://%s/readyz", net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port))))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return false
+	return answersOK(ctx, verifiedClient(set), url)
+}
+
+// verifiedClient checks servers with the cluster CA and keeps no
+// connection open between looks.
+func verifiedClient(set *clusterpki.Set) *http.Client {
+	pool := x509.NewCertPool()
+	if set != nil && set.CA != nil {
+		pool.AddCert(set.CA.Cert)
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	return &http.Client{Timeout: probeTimeout, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true}}
 }
 
 // probeMachines checks every control-plane machine's components directly,
@@ -55,12 +51,7 @@ func endpointReady(ctx context.Context, cluster *clusterv1.Cluster, set *cluster
 // serve a self-signed certificate, as under kubeadm: those two probes do
 // not verify it and send nothing but the path.
 func probeMachines(ctx context.Context, set *clusterpki.Set, machines []clusterv1.Machine) map[string]string {
-	pool := x509.NewCertPool()
-	if set != nil && set.CA != nil {
-		pool.AddCert(set.CA.Cert)
-	}
-	verified := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true}}
+	verified := verifiedClient(set)
 	selfSigned := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true}} //nolint:gosec // health paths only, no credential sent
 	out := make(map[string]string, len(machines))
