@@ -53,10 +53,11 @@ func newCreateCommand() *cobra.Command {
 			}
 			ctx := cmd.Context()
 			for _, obj := range objs {
+				kind := obj.GetObjectKind().GroupVersionKind().Kind // Create clears it
 				if err := c.Create(ctx, obj); err != nil {
-					return fmt.Errorf("creating %T %s: %w", obj, obj.GetName(), err)
+					return fmt.Errorf("creating %s %s: %w", kind, obj.GetName(), err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "created %s/%s\n", kindOf(obj), obj.GetName())
+				fmt.Fprintf(cmd.OutOrStdout(), "created %s/%s\n", kind, obj.GetName())
 			}
 			if !o.wait {
 				fmt.Fprintf(cmd.OutOrStdout(), "Follow it with: marina describe cluster %s -n %s\n", args[0], mf.namespace)
@@ -161,13 +162,6 @@ func pruneEmpty(m map[string]any) {
 			}
 		}
 	}
-}
-
-func kindOf(obj client.Object) string {
-	if k := obj.GetObjectKind().GroupVersionKind().Kind; k != "" {
-		return k
-	}
-	return fmt.Sprintf("%T", obj)
 }
 
 func newDeleteCommand() *cobra.Command {

@@ -27,7 +27,8 @@ func (s Stage) String() string {
 
 // Creation is the stages of making o's cluster, in order: its
 // certificates, its endpoint, its first control-plane machine, every
-// control-plane machine (and etcd member), the workers joined, Ready.
+// control-plane machine (and etcd member), the cluster Ready (its control
+// plane answers), the workers joined.
 func Creation(o Objects) []Stage {
 	c := o.Cluster
 	conds := c.Status.Conditions
@@ -55,10 +56,11 @@ func Creation(o Objects) []Stage {
 		{Name: "control-plane machines ready", Count: int(c.Status.ControlPlane.ReadyReplicas), Total: cpReplicas,
 			Done: int(c.Status.ControlPlane.ReadyReplicas) >= cpReplicas},
 	}
+	stages = append(stages, Stage{Name: "cluster Ready", Done: meta.IsStatusConditionTrue(conds, clusterv1.ReadyCondition)})
 	if workers > 0 {
 		stages = append(stages, Stage{Name: "workers joined", Count: min(joined, workers), Total: workers, Done: joined >= workers})
 	}
-	return append(stages, Stage{Name: "cluster Ready", Done: meta.IsStatusConditionTrue(conds, clusterv1.ReadyCondition)})
+	return stages
 }
 
 // Failed says why making o cannot succeed without the user's help: a

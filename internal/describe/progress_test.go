@@ -24,7 +24,7 @@ func TestCreationStages(t *testing.T) {
 	o.Cluster.Spec.ControlPlaneEndpoint.Host = "127.1.2.3"
 	got := fmt.Sprintf("%+v", stagesOf(Creation(o)))
 	want := "[{Name:certificates Done:true Count:0 Total:0} {Name:control-plane endpoint Done:true Count:0 Total:0} {Name:first control-plane machine Done:true Count:0 Total:0} " +
-		"{Name:control-plane machines ready Done:false Count:1 Total:3} {Name:workers joined Done:false Count:1 Total:2} {Name:cluster Ready Done:false Count:0 Total:0}]"
+		"{Name:control-plane machines ready Done:false Count:1 Total:3} {Name:cluster Ready Done:false Count:0 Total:0} {Name:workers joined Done:false Count:1 Total:2}]"
 	if got != want {
 		t.Errorf("stages:\n%s\nwant\n%s", got, want)
 	}
