@@ -41,7 +41,7 @@ func newCreateCommand() *cobra.Command {
 		Example: `  marina create cluster dev --control-planes 1 --workers 2 --wait
   marina create cluster ha --control-planes 3 --workers 3 --version v1.36.3 --class ha-standard
   marina create cluster dev --dry-run -o yaml | kubectl apply -f -`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			objs := clusterManifests(args[0], mf.namespace, o)
 			if o.dryRun {
@@ -171,10 +171,11 @@ func newDeleteCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "delete", Short: "Delete a cluster"}
 	mf.add(cmd)
 	clusterCmd := &cobra.Command{
-		Use:     "cluster NAME",
-		Short:   "Delete a cluster and everything of it: machines, processes, endpoint",
-		Example: `  marina delete cluster dev --wait`,
-		Args:    cobra.ExactArgs(1),
+		Use:               "cluster NAME",
+		Short:             "Delete a cluster and everything of it: machines, processes, endpoint",
+		Example:           `  marina delete cluster dev --wait`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: mf.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := mf.client()
 			if err != nil {

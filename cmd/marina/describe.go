@@ -39,7 +39,8 @@ func newDescribeCommand() *cobra.Command {
 		Example: `  marina describe cluster ha
   marina describe cluster ha --show-conditions all
   marina describe cluster ha -o yaml`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: mf.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := mf.client()
 			if err != nil {
@@ -154,7 +155,8 @@ func newKubeconfigCommand() *cobra.Command {
 		Short: "Print a workload cluster's admin kubeconfig, or write it to a file (mode 0600)",
 		Example: `  marina kubeconfig minimal > minimal.kubeconfig
   marina kubeconfig minimal --output-file ~/.kube/minimal && kubectl --kubeconfig ~/.kube/minimal get nodes`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: mf.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := mf.client()
 			if err != nil {

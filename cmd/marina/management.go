@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/scheme"
 )
 
@@ -41,4 +42,24 @@ func (f *managementFlags) client() (client.Client, error) {
 		return nil, fmt.Errorf("connecting to the management plane: %w", err)
 	}
 	return c, nil
+}
+
+// completeClusters completes a cluster name from the management plane.
+func (f *managementFlags) completeClusters(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c, err := f.client()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	var list clusterv1.ClusterList
+	if err := c.List(cmd.Context(), &list, client.InNamespace(f.namespace)); err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	names := make([]string, 0, len(list.Items))
+	for _, cl := range list.Items {
+		names = append(names, cl.Name)
+	}
+	return names, cobra.ShellCompDirectiveNoFileComp
 }

@@ -32,10 +32,11 @@ it has come, and roll back a step that failed.`,
 
 	var to string
 	plan := &cobra.Command{
-		Use:     "plan CLUSTER --to VERSION",
-		Short:   "Print the steps an upgrade to VERSION would take; changes nothing",
-		Example: `  marina upgrade plan upgrade --to v1.37.2`,
-		Args:    cobra.ExactArgs(1),
+		Use:               "plan CLUSTER --to VERSION",
+		Short:             "Print the steps an upgrade to VERSION would take; changes nothing",
+		Example:           `  marina upgrade plan upgrade --to v1.37.2`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: mf.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if to == "" {
 				return fmt.Errorf("--to is required: the version to upgrade to, e.g. --to v1.37.2")
@@ -50,10 +51,11 @@ it has come, and roll back a step that failed.`,
 	plan.Flags().StringVar(&to, "to", "", "the version to upgrade to, e.g. v1.37.2")
 
 	status := &cobra.Command{
-		Use:     "status CLUSTER",
-		Short:   "Print the versions each control-plane machine's components run, and the upgrade's state",
-		Example: `  watch marina upgrade status upgrade`,
-		Args:    cobra.ExactArgs(1),
+		Use:               "status CLUSTER",
+		Short:             "Print the versions each control-plane machine's components run, and the upgrade's state",
+		Example:           `  watch marina upgrade status upgrade`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: mf.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := observe(cmd.Context(), &mf, args[0])
 			if err != nil {
@@ -73,7 +75,8 @@ until the Cluster's spec changes: fix what failed, or choose another
 version, and it goes on.`,
 		Example: `  marina upgrade rollback upgrade
   kubectl patch cluster upgrade --type=merge -p '{"spec":{"controlPlane":{"components":{"apiServer":{"extraArgs":null}}}}}'`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: mf.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := mf.client()
 			if err != nil {
