@@ -17,6 +17,7 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/controller/controlplane"
 	"marina.dev/marina/internal/upgrade"
+	"marina.dev/marina/provider/local"
 )
 
 func newUpgradeCommand() *cobra.Command {
@@ -30,7 +31,7 @@ it has come, and roll back a step that failed.`,
 	}
 	mf.add(cmd)
 
-	var to string
+	var to, binDir string
 	plan := &cobra.Command{
 		Use:               "plan CLUSTER --to VERSION",
 		Short:             "Print the steps an upgrade to VERSION would take; changes nothing",
@@ -45,10 +46,15 @@ it has come, and roll back a step that failed.`,
 			if err != nil {
 				return err
 			}
-			return printPlan(cmd.OutOrStdout(), o, to)
+			available, err := local.KubernetesVersions(binDir)
+			if err != nil {
+				return err
+			}
+			return printPlan(cmd.OutOrStdout(), o, to, available)
 		},
 	}
 	plan.Flags().StringVar(&to, "to", "", "the version to upgrade to, e.g. v1.37.2")
+	plan.Flags().StringVar(&binDir, "bin-dir", defaultBinDir(), "where make setup put the releases the local provider runs; empty: skip that check")
 
 	status := &cobra.Command{
 		Use:               "status CLUSTER",
@@ -137,10 +143,11 @@ func observe(ctx context.Context, mf *managementFlags, name string) (*observed, 
 }
 
 // printPlan prints the steps of an upgrade of o to version, assuming every
-// machine stays healthy; it refuses what the version rules refuse (M19).
-func printPlan(w io.Writer, o *observed, version string) error {
+// machine stays healthy; it refuses what the version rules refuse (M19),
+// a version not among available (when known) included.
+func printPlan(w io.Writer, o *observed, version string, available []string) error {
 	from := o.cluster.Status.ControlPlane.Components.APIServer
-	if err := upgrade.Check(from, version, nil); err != nil {
+	if err := upgrade.Check(from, version, available); err != nil {
 		return fmt.Errorf("cluster %s cannot be upgraded to %s: %w", o.cluster.Name, version, err)
 	}
 	in := controlplane.UpgradeInput(o.cluster, version, o.machines, nil, o.workers)

@@ -176,12 +176,15 @@ func readiness(conds []metav1.Condition, readyType string) (status, reason, mess
 	return status, "", ""
 }
 
-// benign: a False condition that says nothing is wrong (an upgrade that
-// completed, a cluster that is not paused).
+// benign: a False condition that says nothing is wrong: one that is True
+// only while something happens (scaling, rolling out, paused, upgrading),
+// unless an upgrade halted.
 func benign(c metav1.Condition) bool {
-	switch c.Reason {
-	case clusterv1.ClusterUpgradeCompleteReason, clusterv1.NotPausedReason:
+	switch c.Type {
+	case clusterv1.ScalingUpCondition, clusterv1.ScalingDownCondition, clusterv1.RollingOutCondition, clusterv1.PausedCondition:
 		return true
+	case clusterv1.ClusterUpgradeProgressingCondition:
+		return c.Reason != clusterv1.ClusterUpgradeStepTimeoutReason && c.Reason != clusterv1.ClusterUnsupportedUpgradeReason
 	}
 	return false
 }

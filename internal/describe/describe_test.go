@@ -72,7 +72,8 @@ func fleet(ready int32) ([]clusterv1.MachineDeployment, []clusterv1.MachineSet) 
 	s.Spec.Template.Spec.Versions.Kubelet = "v1.37.2"
 	s.Status.ReadyReplicas = ready
 	if ready == n {
-		d.Status.Conditions = []metav1.Condition{cond(clusterv1.MachinesReadyCondition, "True", clusterv1.MachinesReadyReason, "")}
+		d.Status.Conditions = []metav1.Condition{cond(clusterv1.MachinesReadyCondition, "True", clusterv1.MachinesReadyReason, ""),
+			cond(clusterv1.ScalingUpCondition, "False", clusterv1.NotScalingReason, "")}
 		s.Status.Conditions = d.Status.Conditions
 	} else {
 		d.Status.Conditions = []metav1.Condition{cond(clusterv1.MachinesReadyCondition, "False", clusterv1.MachinesNotReadyReason, "1 of 2 machines are not Ready")}

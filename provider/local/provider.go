@@ -102,12 +102,18 @@ func (p *Provider) Name() string { return Name }
 // KubernetesVersions implements provider.VersionLister: the releases whose
 // kube-apiserver is in Options.BinDir, oldest first.
 func (p *Provider) KubernetesVersions() ([]string, error) {
-	if p.opts.BinDir == "" {
+	return KubernetesVersions(p.opts.BinDir)
+}
+
+// KubernetesVersions lists the releases whose kube-apiserver is in binDir,
+// oldest first; nil when binDir is empty.
+func KubernetesVersions(binDir string) ([]string, error) {
+	if binDir == "" {
 		return nil, nil
 	}
-	found, err := filepath.Glob(filepath.Join(p.opts.BinDir, "kube-apiserver-v*"))
+	found, err := filepath.Glob(filepath.Join(binDir, "kube-apiserver-v*"))
 	if err != nil {
-		return nil, fmt.Errorf("listing %s: %w", p.opts.BinDir, err)
+		return nil, fmt.Errorf("listing %s: %w", binDir, err)
 	}
 	versions := make([]string, 0, len(found))
 	for _, f := range found {
