@@ -41,7 +41,7 @@ func newCreateCommand() *cobra.Command {
 		Example: `  marina create cluster dev --control-planes 1 --workers 2 --wait
   marina create cluster ha --control-planes 3 --workers 3 --version v1.36.3 --class ha-standard
   marina create cluster dev --dry-run -o yaml | kubectl apply -f -`,
-		Args:              cobra.ExactArgs(1),
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			objs := clusterManifests(args[0], mf.namespace, o)
 			if o.dryRun {
