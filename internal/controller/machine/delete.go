@@ -40,14 +40,19 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		// No Node can exist: nothing to drain, no cluster to wait for.
 		return ctrl.Result{}, r.removeFinalizer(ctx, m)
 	}
-	cl, err := r.clusters.Get(ctx, clusterKey(m))
+	gone, err := r.clusterGoing(ctx, m)
 	if err != nil {
-		gone, goneErr := r.clusterGoing(ctx, m)
+		return ctrl.Result{}, err
+	}
+	var cl *remote.Cluster
+	if !gone {
+		// The whole cluster going, no Node is drained or removed: its
+		// API server may go before this machine does (the last
+		// control-plane machine holds it).
+		cl, err = r.clusters.Get(ctx, clusterKey(m))
+	}
+	if err != nil {
 		switch {
-		case goneErr != nil:
-			return ctrl.Result{}, goneErr
-		case gone:
-			cl = nil // the whole cluster goes: no Node to drain or remove
 		case errors.Is(err, remote.ErrKubeconfigMissing):
 			setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineWaitingForControlPlaneReason,
 				fmt.Sprintf("waiting for the kubeconfig Secret %s to drain and remove the node before deleting the machine", remote.KubeconfigSecretName(m.Spec.ClusterName)))
