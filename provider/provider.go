@@ -53,6 +53,13 @@ type VersionLister interface {
 	KubernetesVersions() ([]string, error)
 }
 
+// MachineLister is implemented by a provider that can list the machines
+// it made, by the UID it was given: the safety controller removes those
+// no Machine owns any more (orphans).
+type MachineLister interface {
+	MachineUIDs(ctx context.Context) ([]types.UID, error)
+}
+
 // VersionSetter is implemented by a provider that can change the versions
 // a running machine's components run without replacing the machine: the
 // InPlace upgrade (M12). A provider without it upgrades by Replace only.

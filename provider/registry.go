@@ -36,3 +36,16 @@ func (r *Registry) Kinds() []schema.GroupVersionKind {
 	}
 	return out
 }
+
+// Providers lists every registered provider once.
+func (r *Registry) Providers() []Provider {
+	var out []Provider
+	seen := map[Provider]bool{}
+	for _, p := range r.byKind {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -17,6 +17,7 @@ import (
 	"marina.dev/marina/internal/controller/machine"
 	"marina.dev/marina/internal/controller/machinedeployment"
 	"marina.dev/marina/internal/controller/machinehealthcheck"
+	"marina.dev/marina/internal/controller/safety"
 	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/webhook"
@@ -136,6 +137,9 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.
 		return err
 	}
 	if _, err := machinehealthcheck.SetupWithManager(ctx, mgr, machinehealthcheck.Options{MaxConcurrentReconciles: 2}); err != nil {
+		return err
+	}
+	if err := safety.SetupWithManager(mgr, safety.Options{Providers: registry}); err != nil {
 		return err
 	}
 	return nil

@@ -62,6 +62,7 @@ var (
 	_ provider.Provider      = (*Provider)(nil)
 	_ provider.VersionLister = (*Provider)(nil)
 	_ provider.VersionSetter = (*Provider)(nil)
+	_ provider.MachineLister = (*Provider)(nil)
 )
 
 // New returns a local provider keeping its sandboxes under opts.Root.
@@ -284,6 +285,10 @@ func (p *Provider) UIDs() ([]types.UID, error) {
 	}
 	return uids, nil
 }
+
+// MachineUIDs implements provider.MachineLister: the machines that have a
+// sandbox.
+func (p *Provider) MachineUIDs(context.Context) ([]types.UID, error) { return p.UIDs() }
 
 // DeleteAll deletes every machine and endpoint under the root, for tearing a whole local
 // fleet down (a test suite, a benchmark).
