@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -101,6 +102,11 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 		err = cp.create(ctx, cluster, machines, step.Init)
 	case Delete:
 		err = cp.deleteMachine(ctx, cluster, step.Machine)
+	case Remediate:
+		if err = cp.remediate(ctx, cluster, machines, step.Machine); err == nil {
+			cp.event(cluster, corev1.EventTypeNormal, "Remediating", "Delete",
+				fmt.Sprintf("deleting unhealthy control-plane machine %s; a new one replaces it", step.Machine))
+		}
 	case Release:
 		err = cp.release(ctx, cluster, set, machines, step.Machine)
 	}
@@ -154,6 +160,7 @@ func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etc
 			DeletingFor: deletingFor(m, now),
 			Made:        address(m) != "",
 			Hook:        hasHook(m),
+			Unhealthy:   m.Annotations[clusterv1.RemediationReasonAnnotation] != "",
 		}
 		if member := etcd.memberOf(m); member != nil {
 			mf.Member, mf.MemberHealthy = true, member.Healthy
@@ -247,6 +254,22 @@ func freeName(cluster string, machines []clusterv1.Machine) string {
 			return name
 		}
 	}
+}
+
+// remediate deletes an unhealthy control-plane machine. One whose Node is
+// not Ready is not drained: no kubelet would confirm its pods gone, and
+// the drain would wait for ever.
+func (cp *ControlPlane) remediate(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine, name string) error {
+	if m := find(machines, name); m != nil && !machineReady(m) {
+		if _, skip := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]; !skip {
+			before := m.DeepCopy()
+			m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = "control-plane machine not Ready; remediated"
+			if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+				return fmt.Errorf("skipping the drain of unhealthy machine %s: %w", name, client.IgnoreNotFound(err))
+			}
+		}
+	}
+	return cp.deleteMachine(ctx, cluster, name)
 }
 
 func (cp *ControlPlane) deleteMachine(ctx context.Context, cluster *clusterv1.Cluster, name string) error {

@@ -23,6 +23,8 @@ type Machine struct {
 	// Member: the etcd cluster lists a member for it; MemberHealthy: that
 	// member answers.
 	Member, MemberHealthy bool
+	// Unhealthy: a MachineHealthCheck marked it for remediation.
+	Unhealthy bool
 }
 
 // Facts are the planner's input: the spec, the machines, and etcd.
@@ -51,6 +53,9 @@ const (
 	Create Action = "Create"
 	// Delete a control-plane machine (scale down).
 	Delete Action = "Delete"
+	// Remediate deletes an unhealthy control-plane machine, which the
+	// next steps replace.
+	Remediate Action = "Remediate"
 	// Release the etcd hook of a machine being deleted: remove its member
 	// (if any), then the hook, so that its deletion goes on.
 	Release Action = "Release"
@@ -94,6 +99,11 @@ func Plan(f Facts) Step {
 	}
 	if n == 0 {
 		return Step{Action: Wait, Reason: "every control-plane machine is gone: there is no running control plane to join; restore the cluster from a backup"}
+	}
+	for _, m := range f.Machines {
+		if m.Unhealthy && n >= f.Replicas {
+			return remediate(f, m)
+		}
 	}
 	if notReady := unready(f.Machines); len(notReady) > 0 && n <= f.Replicas {
 		return Step{Action: Wait, Reason: "waiting for control-plane machines to be ready: " + strings.Join(notReady, ", ")}
@@ -145,6 +155,50 @@ func release(f Facts, m Machine) Step {
 			m.Name, healthyAfter, after, after/2+1)}
 	}
 	return Step{Action: Release, Machine: m.Name}
+}
+
+// remediate deletes m, marked unhealthy by a health check, when the
+// control plane keeps serving without it (issue: health and safety): one
+// machine at a time (the others ready, none being replaced), never the
+// only one, and never when removing its etcd member would leave fewer
+// members than a quorum, or any unhealthy member beside it: the outcome is
+// projected before acting.
+func remediate(f Facts, m Machine) Step {
+	wait := func(format string, args ...any) Step {
+		return Step{Action: Wait, Reason: fmt.Sprintf("control-plane machine %s is unhealthy but is not remediated yet: ", m.Name) + fmt.Sprintf(format, args...)}
+	}
+	if len(f.Machines) == 1 {
+		return wait("it is the only one, and replacing it would lose the cluster's etcd; repair it, or restore the cluster from a backup")
+	}
+	var others []string
+	for _, o := range f.Machines {
+		if o.Name != m.Name && !o.Ready {
+			others = append(others, o.Name)
+		}
+	}
+	if len(others) > 0 {
+		sort.Strings(others)
+		return wait("one control-plane machine is remediated at a time, and %s is not ready", strings.Join(others, ", "))
+	}
+	if f.Stacked {
+		if !f.EtcdKnown {
+			return wait("no etcd member answers")
+		}
+		after, healthyAfter := f.Members, f.HealthyMembers
+		if m.Member {
+			after--
+			if m.MemberHealthy {
+				healthyAfter--
+			}
+		}
+		if healthyAfter < after {
+			return wait("%d of the %d etcd members that would remain are healthy: every other member must be", healthyAfter, after)
+		}
+		if after == 0 || healthyAfter < after/2+1 {
+			return wait("removing its etcd member would leave %d healthy of %d, below a quorum", healthyAfter, after)
+		}
+	}
+	return Step{Action: Remediate, Machine: m.Name}
 }
 
 func unready(ms []Machine) []string {

@@ -12,6 +12,8 @@ func ready(name string) Machine {
 
 func deleting(m Machine) Machine { m.Deleting, m.DeletingFor = true, time.Minute; return m }
 
+func marked(m Machine) Machine { m.Unhealthy = true; return m }
+
 func TestPlan(t *testing.T) {
 	sick := ready("cp-1")
 	sick.Ready, sick.MemberHealthy = false, false
@@ -84,6 +86,27 @@ func TestPlan(t *testing.T) {
 			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), {Name: "cp-1", Deleting: true, Made: true}}, Members: 1, HealthyMembers: 1, EtcdKnown: true},
 			want:   Step{Action: Wait},
 			reason: "cp-1 to be deleted"},
+		{name: "remediation: a marked machine whose member is down goes (2 healthy of 2 remain)",
+			facts: Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), marked(sick), ready("cp-2")}, Members: 3, HealthyMembers: 2, EtcdKnown: true},
+			want:  Step{Action: Remediate, Machine: "cp-1"}},
+		{name: "remediation: a marked machine goes before the not-ready wait would hold it",
+			facts: Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{marked(sick), ready("cp-0"), ready("cp-2")}, Members: 3, HealthyMembers: 2, EtcdKnown: true},
+			want:  Step{Action: Remediate, Machine: "cp-1"}},
+		{name: "remediation: one at a time, a second marked machine waits while the first's replacement is not ready",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), marked(ready("cp-2")), {Name: "cp-3", Made: true, Hook: true, Member: true}}, Members: 3, HealthyMembers: 2, EtcdKnown: true},
+			want:   Step{Action: Wait},
+			reason: "one control-plane machine is remediated at a time, and cp-3 is not ready"},
+		{name: "remediation: never when another member is unhealthy (projected: 1 healthy of 2 remain)",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), marked(ready("cp-1")), ready("cp-2")}, Members: 3, HealthyMembers: 2, EtcdKnown: true},
+			want:   Step{Action: Wait},
+			reason: "1 of the 2 etcd members that would remain are healthy"},
+		{name: "remediation: never the only machine",
+			facts:  Facts{Replicas: 1, Stacked: true, Initialized: true, Machines: []Machine{marked(sick)}, Members: 1, HealthyMembers: 0, EtcdKnown: true},
+			want:   Step{Action: Wait},
+			reason: "it is the only one"},
+		{name: "remediation: not while a machine is missing (its replacement comes first)",
+			facts: Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), marked(ready("cp-2"))}, Members: 2, HealthyMembers: 2, EtcdKnown: true},
+			want:  Step{Action: Create}},
 		{name: "every machine gone after initialization: nothing to join",
 			facts:  Facts{Replicas: 1, Stacked: true, Initialized: true},
 			want:   Step{Action: Wait},
