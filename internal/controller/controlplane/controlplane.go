@@ -263,6 +263,9 @@ func (cp *ControlPlane) remediate(ctx context.Context, cluster *clusterv1.Cluste
 	if m := find(machines, name); m != nil && !machineReady(m) {
 		if _, skip := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]; !skip {
 			before := m.DeepCopy()
+			if m.Annotations == nil {
+				m.Annotations = map[string]string{}
+			}
 			m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = "control-plane machine not Ready; remediated"
 			if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
 				return fmt.Errorf("skipping the drain of unhealthy machine %s: %w", name, client.IgnoreNotFound(err))
