@@ -152,8 +152,10 @@ func Decide(spec Spec, machines []Machine, now time.Time) (Plan, error) {
 			// A machine being deleted is not remediated again: it is
 			// already on its way out, and its set has counted it.
 		case m.ControlPlane:
+			// Marked for its control plane, which replaces it when etcd
+			// keeps a quorum without it, one machine at a time.
 			v.Action = MarkOnly
-			v.Message += "; control-plane machines are not remediated yet (their replacement must keep etcd's quorum): check etcd, then replace the machine by hand"
+			v.Message += "; the control plane replaces it once etcd keeps its quorum without it (see the Cluster's ControlPlaneReady condition)"
 		case !m.OwnedBySet:
 			v.Action = MarkOnly
 			v.Message += "; no MachineSet owns the machine, so nothing would replace it: replace it by hand, or delete it"

@@ -181,7 +181,7 @@ func TestDecide(t *testing.T) {
 			machines: []Machine{
 				with(worker("cp"), func(m *Machine) { dead(m); m.ControlPlane, m.OwnedBySet = true, false }),
 			},
-			want:    []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason, action: MarkOnly, message: "control-plane machines are not remediated yet"}},
+			want:    []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason, action: MarkOnly, message: "the control plane replaces it once etcd keeps its quorum"}},
 			healthy: 0, allowed: true, remAllowed: 0,
 		},
 		{

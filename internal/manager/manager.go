@@ -19,6 +19,7 @@ import (
 	"marina.dev/marina/internal/controller/machinehealthcheck"
 	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/controller/safety"
+	"marina.dev/marina/internal/metrics"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
@@ -101,6 +102,9 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 	}
 	if err := setupControllers(ctx, mgr, registry, opts); err != nil {
 		return nil, err
+	}
+	if err := metrics.RegisterMachines(mgr.GetCache()); err != nil {
+		return nil, fmt.Errorf("registering the machine metrics: %w", err)
 	}
 	if opts.Webhook != nil {
 		if err := webhook.Setup(mgr, webhook.Options{Providers: registry, ExternalKinds: opts.ExternalKinds}); err != nil {

@@ -17,6 +17,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/health"
+	"marina.dev/marina/internal/metrics"
 )
 
 // skipDrainNote starts the value of the exclude-node-draining annotation a
@@ -169,6 +170,7 @@ func (r *Reconciler) remediate(ctx context.Context, s *scope) error {
 			continue
 		}
 		log.Info("Remediating unhealthy machine", "machine", klog.KObj(m), "reason", v.Reason, "message", v.Message)
+		metrics.Remediations.WithLabelValues(s.mhc.Namespace, s.mhc.Name).Inc()
 		r.recorder.Eventf(m, s.mhc, corev1.EventTypeNormal, "Remediated", "Delete",
 			"deleted by MachineHealthCheck %s so that its MachineSet replaces it: %s", s.mhc.Name, v.Message)
 		r.recorder.Eventf(s.mhc, m, corev1.EventTypeNormal, "Remediated", "Delete",

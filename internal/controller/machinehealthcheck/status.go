@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/metrics"
 )
 
 // setStatus computes the check's status from the pass, and records an event
@@ -34,6 +35,7 @@ func (r *Reconciler) setStatus(_ context.Context, before *clusterv1.MachineHealt
 	now := meta.FindStatusCondition(st.Conditions, clusterv1.RemediationAllowedCondition)
 	if now.Reason == clusterv1.TooManyUnhealthyReason && (was == nil || was.Reason != clusterv1.TooManyUnhealthyReason) {
 		r.recorder.Eventf(s.mhc, nil, corev1.EventTypeWarning, clusterv1.TooManyUnhealthyReason, "Remediate", "%s", now.Message)
+		metrics.ShortCircuits.WithLabelValues(s.mhc.Namespace, s.mhc.Name).Inc()
 	}
 }
 

@@ -12,25 +12,15 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/metrics"
 	"marina.dev/marina/internal/safety"
 	"marina.dev/marina/provider"
 )
-
-// OrphansRemoved counts the provider machines the safety controller
-// removed, by provider.
-var OrphansRemoved = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "marina_orphan_machines_removed_total",
-	Help: "Provider machines that no Machine owned, removed by the safety controller.",
-}, []string{"provider"})
-
-func init() { metrics.Registry.MustRegister(OrphansRemoved) }
 
 // Options configure the safety controller.
 type Options struct {
@@ -124,7 +114,7 @@ func (c *Controller) sweep(ctx context.Context) error {
 				next[uid] = c.seen[uid]
 				continue
 			}
-			OrphansRemoved.WithLabelValues(p.Name()).Inc()
+			metrics.OrphansRemoved.WithLabelValues(p.Name()).Inc()
 			c.log.Info("Removed a machine no Machine owns", "provider", p.Name(), "uid", uid, "orphanFor", c.opts.Grace)
 		}
 	}
