@@ -108,8 +108,14 @@ func (c *Client) List(ctx context.Context) ([]Member, error) {
 	return out, nil
 }
 
+// statusTimeout bounds one member's status: a member that is down would
+// otherwise hold the call until ctx ends (the client waits for a
+// connection), leaving nothing of ctx for what the caller does next, such
+// as removing that very member.
+const statusTimeout = time.Second
+
 // Members returns the members, each asked for its status in parallel: one
-// that does not answer within ctx is unhealthy.
+// that does not answer within a second (or ctx) is unhealthy.
 func (c *Client) Members(ctx context.Context) ([]Member, error) {
 	members, err := c.List(ctx)
 	if err != nil {
@@ -124,8 +130,10 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			defer cancel()
 			for _, u := range m.ClientURLs {
-				if st, err := c.c.Status(ctx, u); err == nil && len(st.Errors) == 0 {
+				if st, err := c.c.Status(sctx, u); err == nil && len(st.Errors) == 0 {
 					m.Healthy = !m.Learner
 					return
 				}
