@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -70,6 +73,47 @@ func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
 			}
 			waitControlPlane(t, ctx, c, key, replicas, 5*time.Minute)
 		}
+	})
+
+	// Issue: health and safety. A control-plane machine that dies (its
+	// agent and every process of it killed) is found by a health check
+	// and replaced by the control plane without losing etcd's quorum.
+	t.Run("a dead control-plane machine is remediated", func(t *testing.T) {
+		mhc := `apiVersion: cluster.marina.dev/v1alpha1
+kind: MachineHealthCheck
+metadata: {name: ha-control-plane, namespace: default}
+spec:
+  clusterName: ha
+  selector: {matchLabels: {cluster.marina.dev/control-plane: ""}}
+  unhealthyConditions:
+  - {type: Ready, status: Unknown, timeout: 5s}
+  - {type: Ready, status: "False", timeout: 5s}
+  maxUnhealthy: 1
+`
+		if out, err := u.kubectlStdin(t, mhc, "apply", "-f", "-"); err != nil {
+			t.Fatalf("kubectl apply: %v\n%s", err, out)
+		}
+		victim := controlPlaneMachines(t, ctx, c, key)[2]
+		dir := filepath.Join(root, string(victim.UID))
+		data, err := os.ReadFile(filepath.Join(dir, "agent.pid"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+		t.Logf("%s: killing %s (agent %d and its components)", time.Now().Format("15:04:05.000"), victim.Name, pid)
+		for _, p := range processesUnder(dir) {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+		testenv.Eventually(t, 4*time.Minute, victim.Name+" replaced", func() error {
+			m := &clusterv1.Machine{}
+			err := c.Get(ctx, client.ObjectKeyFromObject(&victim), m)
+			if err == nil && m.UID == victim.UID {
+				return fmt.Errorf("still there")
+			}
+			return client.IgnoreNotFound(err)
+		})
+		waitControlPlane(t, ctx, c, key, 3, 4*time.Minute)
+		t.Logf("%s: replaced, 3 members healthy", time.Now().Format("15:04:05.000"))
 	})
 
 	longest, failures, writes := w.stop()

@@ -90,6 +90,16 @@ func (u *upProcess) kubectl(t *testing.T, args ...string) (string, error) {
 	return string(out), err
 }
 
+// kubectlStdin runs kubectl with stdin against the management plane.
+func (u *upProcess) kubectlStdin(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	binDir, _ := testenv.BinDir()
+	cmd := exec.Command(filepath.Join(binDir, "kubectl"), append([]string{"--kubeconfig", filepath.Join(u.stateDir, "admin.kubeconfig")}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 // children lists the PIDs whose parent is pid.
 func children(t *testing.T, pid int) []int {
 	t.Helper()
