@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -200,34 +201,18 @@ func clusterObjects(ctx context.Context, c client.Client, namespace, name string
 	if err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, o.Cluster); err != nil {
 		return o, fmt.Errorf("reading cluster %s/%s: %w", namespace, name, err)
 	}
-	in := client.InNamespace(namespace)
+	// Every machine, set and deployment names its cluster in spec.clusterName.
 	var ms clusterv1.MachineList
-	if err := c.List(ctx, &ms, in); err != nil {
-		return o, fmt.Errorf("listing machines: %w", err)
-	}
-	for _, m := range ms.Items {
-		if m.Spec.ClusterName == name {
-			o.Machines = append(o.Machines, m)
-		}
-	}
 	var sets clusterv1.MachineSetList
-	if err := c.List(ctx, &sets, in); err != nil {
-		return o, fmt.Errorf("listing machine sets: %w", err)
-	}
-	for _, s := range sets.Items {
-		if s.Spec.ClusterName == name {
-			o.MachineSets = append(o.MachineSets, s)
-		}
-	}
 	var mds clusterv1.MachineDeploymentList
-	if err := c.List(ctx, &mds, in); err != nil {
-		return o, fmt.Errorf("listing machine deployments: %w", err)
-	}
-	for _, d := range mds.Items {
-		if d.Spec.ClusterName == name {
-			o.MachineDeployments = append(o.MachineDeployments, d)
+	for _, list := range []client.ObjectList{&ms, &sets, &mds} {
+		if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {
+			return o, fmt.Errorf("listing %T: %w", list, err)
 		}
 	}
+	o.Machines = slices.DeleteFunc(ms.Items, func(m clusterv1.Machine) bool { return m.Spec.ClusterName != name })
+	o.MachineSets = slices.DeleteFunc(sets.Items, func(s clusterv1.MachineSet) bool { return s.Spec.ClusterName != name })
+	o.MachineDeployments = slices.DeleteFunc(mds.Items, func(d clusterv1.MachineDeployment) bool { return d.Spec.ClusterName != name })
 	return o, nil
 }
 

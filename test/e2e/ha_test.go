@@ -50,14 +50,7 @@ func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
 		}
 		// Its replacement may take its free name: the machine is gone when
 		// no machine has its UID.
-		testenv.Eventually(t, 2*time.Minute, victim.Name+" gone", func() error {
-			m := &clusterv1.Machine{}
-			err := c.Get(ctx, client.ObjectKeyFromObject(&victim), m)
-			if err == nil && m.UID == victim.UID {
-				return fmt.Errorf("still there")
-			}
-			return client.IgnoreNotFound(err)
-		})
+		waitGone(t, ctx, c, &victim, 2*time.Minute)
 		waitControlPlane(t, ctx, c, key, 3, 4*time.Minute)
 		if members := etcdMessage(t, ctx, c, key); strings.Contains(members, victim.Name) {
 			t.Errorf("the etcd condition still names the deleted machine: %s", members)
@@ -104,14 +97,7 @@ spec:
 		for _, p := range processesUnder(dir) {
 			_ = syscall.Kill(p, syscall.SIGKILL)
 		}
-		testenv.Eventually(t, 4*time.Minute, victim.Name+" replaced", func() error {
-			m := &clusterv1.Machine{}
-			err := c.Get(ctx, client.ObjectKeyFromObject(&victim), m)
-			if err == nil && m.UID == victim.UID {
-				return fmt.Errorf("still there")
-			}
-			return client.IgnoreNotFound(err)
-		})
+		waitGone(t, ctx, c, &victim, 4*time.Minute)
 		waitControlPlane(t, ctx, c, key, 3, 4*time.Minute)
 		t.Logf("%s: replaced, 3 members healthy", time.Now().Format("15:04:05.000"))
 	})
@@ -147,6 +133,20 @@ spec:
 		return nil
 	})
 	u.stopAndCheckNoLeftovers(t, syscall.SIGTERM)
+}
+
+// waitGone waits until no machine has m's UID: its replacement may take
+// its free name.
+func waitGone(t *testing.T, ctx context.Context, c client.Client, m *clusterv1.Machine, timeout time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, timeout, m.Name+" gone", func() error {
+		got := &clusterv1.Machine{}
+		err := c.Get(ctx, client.ObjectKeyFromObject(m), got)
+		if err == nil && got.UID == m.UID {
+			return fmt.Errorf("still there")
+		}
+		return client.IgnoreNotFound(err)
+	})
 }
 
 // waitControlPlane waits until the cluster has want control-plane machines,
