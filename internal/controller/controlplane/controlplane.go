@@ -101,9 +101,9 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 	case Create:
 		err = cp.create(ctx, cluster, machines, step.Init)
 	case Delete:
-		err = cp.deleteMachine(ctx, cluster, step.Machine)
+		err = cp.deleteMachine(ctx, cluster, machines, step.Machine)
 	case Remediate:
-		if err = cp.remediate(ctx, cluster, machines, step.Machine); err == nil {
+		if err = cp.deleteMachine(ctx, cluster, machines, step.Machine); err == nil {
 			cp.event(cluster, corev1.EventTypeNormal, "Remediating", "Delete",
 				fmt.Sprintf("deleting unhealthy control-plane machine %s; a new one replaces it", step.Machine))
 		}
@@ -161,6 +161,7 @@ func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etc
 			Made:        address(m) != "",
 			Hook:        hasHook(m),
 			Unhealthy:   m.Annotations[clusterv1.RemediationReasonAnnotation] != "",
+			Drained:     Drained(m),
 		}
 		if member := etcd.memberOf(m); member != nil {
 			mf.Member, mf.MemberHealthy = true, member.Healthy
@@ -256,26 +257,22 @@ func freeName(cluster string, machines []clusterv1.Machine) string {
 	}
 }
 
-// remediate deletes an unhealthy control-plane machine. One whose Node is
-// not Ready is not drained: no kubelet would confirm its pods gone, and
-// the drain would wait for ever.
-func (cp *ControlPlane) remediate(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine, name string) error {
+// deleteMachine deletes a control-plane machine (scale-down, remediation,
+// Replace). One whose Node is not Ready is not drained: no kubelet would
+// confirm its pods gone, and the drain would wait for ever.
+func (cp *ControlPlane) deleteMachine(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine, name string) error {
 	if m := find(machines, name); m != nil && !machineReady(m) {
 		if _, skip := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]; !skip {
 			before := m.DeepCopy()
 			if m.Annotations == nil {
 				m.Annotations = map[string]string{}
 			}
-			m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = "control-plane machine not Ready; remediated"
-			if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
-				return fmt.Errorf("skipping the drain of unhealthy machine %s: %w", name, client.IgnoreNotFound(err))
+			m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = "control-plane machine not Ready when deleted"
+			if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("skipping the drain of machine %s, which is not Ready: %w", name, err)
 			}
 		}
 	}
-	return cp.deleteMachine(ctx, cluster, name)
-}
-
-func (cp *ControlPlane) deleteMachine(ctx context.Context, cluster *clusterv1.Cluster, name string) error {
 	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: name}}
 	if err := cp.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting control-plane machine %s: %w", name, err)
@@ -318,11 +315,13 @@ func setStatus(cluster *clusterv1.Cluster, machines []clusterv1.Machine) {
 	st := &cluster.Status.ControlPlane
 	st.Replicas, st.ReadyReplicas, st.UpdatedReplicas = 0, 0, 0
 	var oldest clusterv1.ComponentVersions
+	counted := 0
 	for i := range machines {
 		m := &machines[i]
 		if !m.DeletionTimestamp.IsZero() {
 			continue
 		}
+		counted++
 		st.Replicas++
 		if machineReady(m) {
 			st.ReadyReplicas++
@@ -330,12 +329,15 @@ func setStatus(cluster *clusterv1.Cluster, machines []clusterv1.Machine) {
 		if m.Spec.Versions.ControlPlane == cluster.Spec.ControlPlane.Version {
 			st.UpdatedReplicas++
 		}
-		if v := m.Status.Versions.ControlPlane; v != nil {
-			oldest.APIServer = older(oldest.APIServer, v.APIServer, i == 0)
-			oldest.ControllerManager = older(oldest.ControllerManager, v.ControllerManager, i == 0)
-			oldest.Scheduler = older(oldest.Scheduler, v.Scheduler, i == 0)
-			oldest.Etcd = older(oldest.Etcd, v.Etcd, i == 0)
+		v := m.Status.Versions.ControlPlane
+		if v == nil {
+			v = &clusterv1.ComponentVersions{} // not reported: unknown
 		}
+		first := counted == 1
+		oldest.APIServer = older(oldest.APIServer, v.APIServer, first)
+		oldest.ControllerManager = older(oldest.ControllerManager, v.ControllerManager, first)
+		oldest.Scheduler = older(oldest.Scheduler, v.Scheduler, first)
+		oldest.Etcd = older(oldest.Etcd, v.Etcd, first)
 	}
 	st.Components = oldest
 	st.Version = ""

@@ -25,6 +25,8 @@ type Machine struct {
 	Member, MemberHealthy bool
 	// Unhealthy: a MachineHealthCheck marked it for remediation.
 	Unhealthy bool
+	// Drained: an upgrade step took its API server out of the endpoint.
+	Drained bool
 }
 
 // Facts are the planner's input: the spec, the machines, and etcd.
@@ -172,13 +174,13 @@ func remediate(f Facts, m Machine) Step {
 	}
 	var others []string
 	for _, o := range f.Machines {
-		if o.Name != m.Name && !o.Ready {
+		if o.Name != m.Name && (!o.Ready || o.Drained) {
 			others = append(others, o.Name)
 		}
 	}
 	if len(others) > 0 {
 		sort.Strings(others)
-		return wait("one control-plane machine is remediated at a time, and %s is not ready", strings.Join(others, ", "))
+		return wait("one control-plane machine is remediated at a time, and %s is not ready or is being upgraded", strings.Join(others, ", "))
 	}
 	if f.Stacked {
 		if !f.EtcdKnown {

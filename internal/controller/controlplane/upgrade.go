@@ -44,7 +44,13 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 	}
 	health := probeMachines(ctx, set, machines)
 	in := inputOf(cluster, machines, health, etcd, workers)
-	st = begin(cluster, in)
+	if st = begin(cluster, in); st == nil {
+		// The version rules need the running version: a machine being
+		// made has not reported it yet.
+		setUpgrading(cluster, metav1.ConditionTrue, clusterv1.ClusterUpgradingReason,
+			"waiting for every control-plane machine to report its API server's version before the upgrade begins")
+		return true, nil
+	}
 	if cluster.Annotations[clusterv1.UpgradeRollbackAnnotation] == strconv.FormatInt(cluster.Generation, 10) {
 		if err := cp.rollback(ctx, cluster, machines); err != nil {
 			return true, err
@@ -61,13 +67,14 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 	if err := cp.settle(ctx, cluster, machines); err != nil {
 		return true, err
 	}
+	inFlight(st, machines)
 	d := upgrade.Plan(in)
 	st.Steps = stepsOf(in, st)
 	switch {
 	case d.Done:
 		return true, nil // settled this pass; the next one finishes
 	case d.Waiting != "":
-		cp.wait(cluster, d.Waiting)
+		cp.wait(cluster, d.Waiting, stuck(st.Current, machines, health))
 		return true, nil
 	}
 	return true, cp.take(ctx, cluster, machines, deployments, *d.Next)
@@ -125,6 +132,9 @@ func begin(cluster *clusterv1.Cluster, in upgrade.Input) *clusterv1.UpgradeStatu
 	if st != nil && st.CompletedAt == nil && st.From != "" {
 		from = st.From // the target changed mid-way (a rollback's fix)
 	}
+	if from == "" {
+		return nil
+	}
 	now := metav1.Now()
 	cluster.Status.Upgrade = &clusterv1.UpgradeStatus{From: from, To: in.Version, Strategy: clusterv1.ControlPlaneUpgradeStrategyType(in.Strategy), StartedAt: &now}
 	return cluster.Status.Upgrade
@@ -152,9 +162,9 @@ func (cp *ControlPlane) finish(cluster *clusterv1.Cluster) {
 // current step has taken longer than stepTimeout: the step's machine and
 // component are named, nothing further is started, the other machines
 // keep serving.
-func (cp *ControlPlane) wait(cluster *clusterv1.Cluster, why string) {
+func (cp *ControlPlane) wait(cluster *clusterv1.Cluster, why string, stuck bool) {
 	st := cluster.Status.Upgrade
-	if cur := st.Current; cur != nil && cur.StartedAt != nil && cur.State != clusterv1.UpgradeStepRolledBack {
+	if cur := st.Current; stuck && cur.StartedAt != nil && cur.State != clusterv1.UpgradeStepRolledBack {
 		if overdue(cluster, cur) || cur.State == clusterv1.UpgradeStepFailed {
 			cp.halt(cluster, cur, why)
 			return
@@ -232,7 +242,7 @@ func (cp *ControlPlane) take(ctx context.Context, cluster *clusterv1.Cluster, ma
 	case upgrade.AddMachine:
 		return cp.create(ctx, cluster, machines, false)
 	case upgrade.RemoveMachine:
-		return cp.deleteMachine(ctx, cluster, step.Machine)
+		return cp.deleteMachine(ctx, cluster, machines, step.Machine)
 	case upgrade.RollWorkers:
 		return cp.rollWorkers(ctx, deployments, step.To)
 	}
@@ -291,6 +301,58 @@ func (cp *ControlPlane) undrain(ctx context.Context, machines []clusterv1.Machin
 		}
 	}
 	return nil
+}
+
+// stuck: the current step has not finished: its component does not
+// report its new version yet, or its machine is not healthy. A finished
+// step is not blamed for a wait on something else.
+func stuck(cur *clusterv1.UpgradeStep, machines []clusterv1.Machine, health map[string]string) bool {
+	if cur == nil {
+		return false
+	}
+	m := find(machines, cur.Machine)
+	return m != nil && (pending(cur, m) || health[m.Name] != "")
+}
+
+// inFlight makes status.upgrade.current the step the machines show under
+// way (a component asked for a version it does not report), when it names
+// another: the step was taken, and marina was stopped before it recorded
+// it. Its start is then unknown, and taken as now.
+func inFlight(st *clusterv1.UpgradeStatus, machines []clusterv1.Machine) {
+	for i := range machines {
+		m := &machines[i]
+		if !m.DeletionTimestamp.IsZero() || m.Status.Versions.ControlPlane == nil {
+			continue
+		}
+		want, got := m.Spec.Versions.ControlPlaneComponents(), m.Status.Versions.ControlPlane
+		for _, c := range []struct {
+			component upgrade.Component
+			want, got string
+		}{
+			{upgrade.APIServer, want.APIServer, got.APIServer},
+			{upgrade.ControllerManager, want.ControllerManager, got.ControllerManager},
+			{upgrade.Scheduler, want.Scheduler, got.Scheduler},
+			{upgrade.Etcd, want.Etcd, got.Etcd},
+			{upgrade.Kubelet, string(m.Spec.Versions.Kubelet), m.Status.Versions.Kubelet},
+		} {
+			if c.want == "" || c.want == c.got {
+				continue
+			}
+			cur := st.Current
+			if cur != nil && cur.Machine == m.Name && cur.Component == string(c.component) &&
+				(cur.To == c.want || (cur.State == clusterv1.UpgradeStepRolledBack && cur.From == c.want)) {
+				return // the step recorded, or its rollback
+			}
+			from := c.got
+			if from == "" {
+				from = string(m.Spec.Versions.ControlPlane) // restarting; a step starts from the settled version
+			}
+			now := metav1.Now()
+			st.Current = &clusterv1.UpgradeStep{Action: string(upgrade.SetComponent), Machine: m.Name, Component: string(c.component),
+				From: from, To: c.want, State: clusterv1.UpgradeStepRunning, StartedAt: &now}
+			return
+		}
+	}
 }
 
 // pending: cur is a step on m that m does not report done yet.

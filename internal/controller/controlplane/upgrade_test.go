@@ -89,3 +89,44 @@ func TestStepsOf(t *testing.T) {
 		t.Errorf("a done step reads from %q, want the upgrade's v1.36.3", steps[0].From)
 	}
 }
+
+// A crash between taking a step (the Machine patched) and recording it
+// (the Cluster's status) leaves status.upgrade.current on the step before:
+// the machines show the step under way, and a halt or a rollback acts on it.
+func TestInFlightStepIsRecoveredFromTheMachines(t *testing.T) {
+	m := clusterv1.Machine{}
+	m.Name = "b"
+	m.Spec.Versions = clusterv1.MachineVersions{Kubelet: "v1.36.3", ControlPlane: "v1.36.3", Components: &clusterv1.ComponentVersions{APIServer: "v1.37.2"}}
+	m.Status.Versions.Kubelet = "v1.36.3"
+	m.Status.Versions.ControlPlane = &clusterv1.ComponentVersions{APIServer: "v1.36.3", ControllerManager: "v1.36.3", Scheduler: "v1.36.3"}
+	previous := &clusterv1.UpgradeStep{Action: string(upgrade.SetComponent), Machine: "a", Component: string(upgrade.APIServer), From: "v1.36.3", To: "v1.37.2", State: clusterv1.UpgradeStepRunning}
+	st := &clusterv1.UpgradeStatus{Current: previous}
+	inFlight(st, []clusterv1.Machine{m})
+	if c := st.Current; c.Machine != "b" || c.Component != "kube-apiserver" || c.From != "v1.36.3" || c.To != "v1.37.2" || c.StartedAt == nil {
+		t.Errorf("current = %+v, want kube-apiserver on b, v1.36.3 → v1.37.2, timed from now", c)
+	}
+
+	// The recorded step is kept, its start too.
+	recorded := st.Current
+	inFlight(st, []clusterv1.Machine{m})
+	if st.Current != recorded {
+		t.Errorf("a recorded step was replaced")
+	}
+	// So is a rolled-back one, while the component returns.
+	rolled := *recorded
+	rolled.State = clusterv1.UpgradeStepRolledBack
+	st.Current = &rolled
+	m.Spec.Versions.Components.APIServer = "v1.36.3"
+	m.Status.Versions.ControlPlane.APIServer = ""
+	inFlight(st, []clusterv1.Machine{m})
+	if st.Current != &rolled {
+		t.Errorf("a rollback under way was replaced by %+v", st.Current)
+	}
+	// A machine whose components run what it asks shows nothing.
+	st.Current = previous
+	m.Status.Versions.ControlPlane.APIServer = "v1.36.3"
+	inFlight(st, []clusterv1.Machine{m})
+	if st.Current != previous {
+		t.Errorf("a settled machine changed the current step to %+v", st.Current)
+	}
+}
