@@ -78,11 +78,12 @@ type Versions struct {
 	// ControlPlane are the control-plane components' versions, on a
 	// control-plane machine; empty fields keep what runs.
 	ControlPlane clusterv1.ComponentVersions
-	// Settings are the cluster's spec.controlPlane.components now: a
-	// component moved to another version than the machine was made with
-	// runs them; one at its first version keeps the settings it was made
-	// with, so that rolling a step back restores both.
-	Settings *clusterv1.ControlPlaneComponents
+	// Settings are, by version, the component settings (the cluster's
+	// spec.controlPlane.components when a step moved a component to that
+	// version): a component at one of these versions runs them, one at
+	// another keeps the settings the machine was made with, so that
+	// rolling a step back restores both.
+	Settings map[string]clusterv1.ControlPlaneComponents
 }
 
 // Request is what a provider needs to make one machine.

@@ -70,6 +70,12 @@ const (
 	// controller copies it into status.kubeletConfig.
 	KubeletConfigAnnotation = GroupName + "/kubelet-config"
 
+	// ComponentSettingsAnnotation on a control-plane Machine holds, as a
+	// JSON map from version to spec.controlPlane.components, the settings
+	// its components run at the versions an upgrade moved them to; the
+	// control-plane controller writes it in the same patch as the step.
+	ComponentSettingsAnnotation = GroupName + "/component-settings"
+
 	// EndpointDrainAnnotation on a control-plane Machine takes its API
 	// server out of the cluster endpoint's backends before an upgrade step
 	// restarts it (M13); its value is when (RFC 3339). The control-plane

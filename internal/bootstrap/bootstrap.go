@@ -114,9 +114,11 @@ type Machine struct {
 	// EtcdVersion, during an in-place upgrade (M12); empty fields follow
 	// Version and EtcdVersion.
 	Overrides clusterv1.ComponentVersions
-	// NewSettings, when set, replace Components for each component whose
-	// override moves it off Version: its settings change with its version.
-	NewSettings *clusterv1.ControlPlaneComponents
+	// SettingsByVersion are the settings a component runs at a version
+	// an upgrade moved it to, in place of Components (the settings the
+	// machine was made with): a component's settings change with its
+	// version, so rolling a step back restores both.
+	SettingsByVersion map[string]clusterv1.ControlPlaneComponents
 	// BinDir is the absolute directory holding the pinned binaries,
 	// <component>-<version>.
 	BinDir string
@@ -257,8 +259,8 @@ func ControlPlane(m *Machine, now time.Time) (*Bundle, error) {
 		b.Manifests[Etcd] = in.manifest(Etcd, or(o.Etcd, in.etcdVersion), in.etcdFlags(), nil)
 	}
 	settings := func(version string, pick func(*clusterv1.ControlPlaneComponents) clusterv1.ComponentSettings) map[string]string {
-		if m.NewSettings != nil && version != m.Version {
-			return pick(m.NewSettings).ExtraArgs
+		if s, ok := m.SettingsByVersion[version]; ok {
+			return pick(&s).ExtraArgs
 		}
 		return pick(&m.Components).ExtraArgs
 	}
@@ -364,7 +366,13 @@ func resolve(m *Machine) (*input, error) {
 		{ControllerManager, m.Components.ControllerManager.ExtraArgs},
 		{Scheduler, m.Components.Scheduler.ExtraArgs},
 	}
-	if n := m.NewSettings; n != nil {
+	versions := make([]string, 0, len(m.SettingsByVersion))
+	for v := range m.SettingsByVersion {
+		versions = append(versions, v)
+	}
+	sort.Strings(versions) // the same input, the same error
+	for _, v := range versions {
+		n := m.SettingsByVersion[v]
 		all = append(all, args{APIServer, n.APIServer.ExtraArgs}, args{ControllerManager, n.ControllerManager.ExtraArgs}, args{Scheduler, n.Scheduler.ExtraArgs})
 	}
 	for _, c := range all {

@@ -522,21 +522,23 @@ func TestAnOverrideMovesOneComponentOnly(t *testing.T) {
 	}
 }
 
-// Settings change with the version: a component moved off the machine's
-// first version runs the cluster's settings now, one still at it keeps
-// those it was made with, so a rolled-back step gets its old flags back.
-func TestNewSettingsFollowTheVersion(t *testing.T) {
+// Settings change with the version: a component moved to a version an
+// upgrade recorded settings for runs them, one at a version without
+// recorded settings keeps those the machine was made with, so a
+// rolled-back step gets its old flags back and a second upgrade leaves the
+// first one's settings alone.
+func TestSettingsFollowTheVersion(t *testing.T) {
 	set := newSet(t)
 	m := stackedMachine(t, set)
 	m.Components.APIServer.ExtraArgs = map[string]string{"v": "1"}
-	m.NewSettings = &clusterv1.ControlPlaneComponents{
-		APIServer: clusterv1.ComponentSettings{ExtraArgs: map[string]string{"v": "4"}},
-		Scheduler: clusterv1.ComponentSettings{ExtraArgs: map[string]string{"v": "5"}},
+	m.SettingsByVersion = map[string]clusterv1.ControlPlaneComponents{
+		"v1.38.0": {APIServer: clusterv1.ComponentSettings{ExtraArgs: map[string]string{"v": "4"}}},
+		"v1.39.0": {APIServer: clusterv1.ComponentSettings{ExtraArgs: map[string]string{"v": "5"}}},
 	}
 	m.Overrides = clusterv1.ComponentVersions{APIServer: "v1.38.0"}
 	b := mustBundle(t, m)
 	if got := flag(t, b.Manifests[bootstrap.APIServer], "v"); got != "4" {
-		t.Errorf("the moved kube-apiserver runs --v=%q, want the new settings' 4", got)
+		t.Errorf("kube-apiserver at v1.38.0 runs --v=%q, want that version's 4", got)
 	}
 	if got := flags(t, b.Manifests[bootstrap.Scheduler])["v"]; len(got) != 0 {
 		t.Errorf("the kube-scheduler at its first version runs --v=%q, want its own settings (none)", got)
@@ -545,8 +547,8 @@ func TestNewSettingsFollowTheVersion(t *testing.T) {
 	if got := flag(t, mustBundle(t, m).Manifests[bootstrap.APIServer], "v"); got != "1" {
 		t.Errorf("kube-apiserver back at its first version runs --v=%q, want its first settings' 1", got)
 	}
-	m.NewSettings.Scheduler.ExtraArgs = map[string]string{"--bad": "1"}
+	m.SettingsByVersion["v1.39.0"] = clusterv1.ControlPlaneComponents{Scheduler: clusterv1.ComponentSettings{ExtraArgs: map[string]string{"--bad": "1"}}}
 	if _, err := bootstrap.ControlPlane(m, time.Now()); err == nil {
-		t.Errorf("a bad flag name in the new settings was accepted")
+		t.Errorf("a bad flag name in recorded settings was accepted")
 	}
 }

@@ -101,7 +101,7 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 		Components:  cfg.Components,
 		Etcd:        etcd,
 		Overrides:   versions.ControlPlane,
-		NewSettings: versions.Settings,
+		SettingsByVersion: versions.Settings,
 	}
 	bundle, err := bootstrap.ControlPlane(machine, time.Now())
 	if err != nil {

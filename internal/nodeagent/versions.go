@@ -67,11 +67,11 @@ func (a *agent) watchVersions(ctx context.Context) {
 func (cp *controlPlane) setVersions(v sandbox.Versions) error {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
-	if v.ControlPlane == cp.machine.Overrides && reflect.DeepEqual(v.Settings, cp.machine.NewSettings) {
+	if v.ControlPlane == cp.machine.Overrides && reflect.DeepEqual(v.Settings, cp.machine.SettingsByVersion) {
 		return nil
 	}
 	m := *cp.machine
-	m.Overrides, m.NewSettings = v.ControlPlane, v.Settings
+	m.Overrides, m.SettingsByVersion = v.ControlPlane, v.Settings
 	bundle, err := bootstrap.ControlPlane(&m, time.Now())
 	if err != nil {
 		return fmt.Errorf("making the manifests for %+v: %w", v.ControlPlane, err)

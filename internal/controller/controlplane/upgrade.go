@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -238,7 +239,7 @@ func (cp *ControlPlane) take(ctx context.Context, cluster *clusterv1.Cluster, ma
 				return err
 			}
 		}
-		return cp.setComponent(ctx, m, step.Component, step.To)
+		return cp.setComponent(ctx, m, step.Component, step.To, &cluster.Spec.ControlPlane.Components)
 	case upgrade.AddMachine:
 		return cp.create(ctx, cluster, machines, false)
 	case upgrade.RemoveMachine:
@@ -382,9 +383,18 @@ func runsSpec(m *clusterv1.Machine) bool {
 }
 
 // setComponent asks m to run component c at version: one field of its
-// spec.versions, which the machine controller hands its provider.
-func (cp *ControlPlane) setComponent(ctx context.Context, m *clusterv1.Machine, c upgrade.Component, version string) error {
+// spec.versions, which the machine controller hands its provider. settings,
+// when given (a step forward), are recorded in the same patch as what
+// components run at version (ComponentSettingsAnnotation); a rollback
+// passes none, and the component gets back the settings of its old
+// version.
+func (cp *ControlPlane) setComponent(ctx context.Context, m *clusterv1.Machine, c upgrade.Component, version string, settings *clusterv1.ControlPlaneComponents) error {
 	before := m.DeepCopy()
+	if settings != nil && c != upgrade.Kubelet {
+		if err := recordSettings(m, version, *settings); err != nil {
+			return err
+		}
+	}
 	v := &m.Spec.Versions
 	if c == upgrade.Kubelet {
 		v.Kubelet = clusterv1.KubernetesVersion(version)
@@ -403,12 +413,32 @@ func (cp *ControlPlane) setComponent(ctx context.Context, m *clusterv1.Machine, 
 			v.Components.Etcd = version
 		}
 	}
-	if equalVersions(&before.Spec.Versions, v) {
+	if equalVersions(&before.Spec.Versions, v) && before.Annotations[clusterv1.ComponentSettingsAnnotation] == m.Annotations[clusterv1.ComponentSettingsAnnotation] {
 		return nil
 	}
 	if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
 		return fmt.Errorf("setting %s of machine %s to %s: %w", c, m.Name, version, err)
 	}
+	return nil
+}
+
+// recordSettings sets the settings of version in m's annotation.
+func recordSettings(m *clusterv1.Machine, version string, settings clusterv1.ControlPlaneComponents) error {
+	all := map[string]clusterv1.ControlPlaneComponents{}
+	if raw := m.Annotations[clusterv1.ComponentSettingsAnnotation]; raw != "" {
+		if err := json.Unmarshal([]byte(raw), &all); err != nil {
+			return fmt.Errorf("machine %s: annotation %s: %w", m.Name, clusterv1.ComponentSettingsAnnotation, err)
+		}
+	}
+	all[version] = settings
+	data, err := json.Marshal(all)
+	if err != nil {
+		return err
+	}
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[clusterv1.ComponentSettingsAnnotation] = string(data)
 	return nil
 }
 
@@ -452,7 +482,7 @@ func (cp *ControlPlane) rollback(ctx context.Context, cluster *clusterv1.Cluster
 	st := cluster.Status.Upgrade
 	if cur := st.Current; cur != nil && cur.Action == string(upgrade.SetComponent) {
 		if m := find(machines, cur.Machine); m != nil {
-			if err := cp.setComponent(ctx, m, upgrade.Component(cur.Component), cur.From); err != nil {
+			if err := cp.setComponent(ctx, m, upgrade.Component(cur.Component), cur.From, nil); err != nil {
 				return err
 			}
 		}

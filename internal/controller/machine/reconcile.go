@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -145,8 +146,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, m *clusterv1.Machine, 
 }
 
 // setVersions hands a provider that upgrades in place (M12) the versions
-// spec.versions asks for, and a control-plane machine's cluster's component
-// settings; it changes nothing when they run already. The control-plane
+// spec.versions asks for, and the component settings the control plane
+// recorded for the versions it moved components to; it changes nothing
+// when they run already. The control-plane
 // controller moves spec.versions one component at a time.
 func (r *Reconciler) setVersions(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) error {
 	setter, ok := prov.(provider.VersionSetter)
@@ -154,12 +156,10 @@ func (r *Reconciler) setVersions(ctx context.Context, m *clusterv1.Machine, prov
 		return nil
 	}
 	v := provider.Versions{Kubelet: string(m.Spec.Versions.Kubelet), ControlPlane: m.Spec.Versions.ControlPlaneComponents()}
-	if v.ControlPlane.APIServer != "" {
-		cluster := &clusterv1.Cluster{}
-		if err := r.client.Get(ctx, clusterKey(m), cluster); err != nil {
-			return fmt.Errorf("reading the cluster of machine %s: %w", m.Name, err)
+	if raw := m.Annotations[clusterv1.ComponentSettingsAnnotation]; raw != "" {
+		if err := json.Unmarshal([]byte(raw), &v.Settings); err != nil {
+			return fmt.Errorf("machine %s: annotation %s is not a map of versions to component settings: %w", m.Name, clusterv1.ComponentSettingsAnnotation, err)
 		}
-		v.Settings = &cluster.Spec.ControlPlane.Components
 	}
 	if err := setter.SetVersions(ctx, m.UID, v); err != nil {
 		return fmt.Errorf("setting the versions of machine %s with provider %s: %w", m.Name, prov.Name(), err)

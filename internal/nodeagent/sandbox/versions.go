@@ -24,10 +24,10 @@ const VersionsFile = "versions.json"
 type Versions struct {
 	Kubelet      string                      `json:"kubelet,omitempty"`
 	ControlPlane clusterv1.ComponentVersions `json:"controlPlane,omitempty"`
-	// Settings are the cluster's component settings now; a component
-	// runs them once it runs another version than the machine was made
-	// with (its settings change with its version).
-	Settings *clusterv1.ControlPlaneComponents `json:"settings,omitempty"`
+	// Settings are the component settings by version, for the versions
+	// an upgrade moved components to; a component at another version
+	// runs the settings the machine was made with.
+	Settings map[string]clusterv1.ControlPlaneComponents `json:"settings,omitempty"`
 }
 
 // ReadVersions reads dir's versions; a missing file is no override.
