@@ -160,6 +160,11 @@ type EndpointRequest struct {
 	// Backends are the API servers, host:port, that should get traffic when
 	// their /readyz answers ok; empty while the first one is being made.
 	Backends []string
+	// Draining are those of Backends about to be restarted gracefully (an
+	// upgrade step): they get no new connections, and their open ones are
+	// left for them to close (an API server shutting down tells its HTTP/2
+	// clients to go, and finishes what they asked), not cut.
+	Draining []string
 	// CAData verifies the API servers' serving certificates (PEM).
 	CAData []byte
 	// ClientCert and ClientKey (PEM) authenticate the endpoint's health

@@ -149,17 +149,22 @@ type backend struct {
 	healthy     bool
 	everHealthy bool
 	removed     bool
-	fails       int // consecutive, while healthy
-	rises       int // consecutive, while unhealthy
-	lastErr     string
-	active      int // connections proxied to it, and dials in progress
-	stop        context.CancelFunc
-	drainTimer  *time.Timer
+	// draining: it takes no new connection, and its connections are left
+	// for it to close (an API server restarted for an upgrade shuts down
+	// gracefully: it tells its HTTP/2 clients to go, and finishes what they
+	// asked), whatever its health.
+	draining   bool
+	fails      int // consecutive, while healthy
+	rises      int // consecutive, while unhealthy
+	lastErr    string
+	active     int // connections proxied to it, and dials in progress
+	stop       context.CancelFunc
+	drainTimer *time.Timer
 }
 
 // eligible reports whether the backend may take new connections and keep
 // its old ones.
-func (be *backend) eligible() bool { return be.healthy && !be.removed }
+func (be *backend) eligible() bool { return be.healthy && !be.removed && !be.draining }
 
 // New checks cfg and returns a Balancer that does nothing until Serve.
 func New(cfg Config) (*Balancer, error) {
@@ -437,10 +442,37 @@ func (b *Balancer) unregister(p *pair) {
 	b.mu.Unlock()
 }
 
+// SetDraining marks the backends at addrs as draining (see backend) and
+// the others as not: a backend leaving draining that is healthy takes new
+// connections again at once.
+func (b *Balancer) SetDraining(addrs []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, be := range b.backends {
+		draining := slices.Contains(addrs, be.addr)
+		if draining == be.draining {
+			continue
+		}
+		be.draining = draining
+		if draining {
+			be.stopDrain()
+			b.log.Info("Backend draining: no new connections, its own are left for it to close", "backend", be.addr, "connections", be.active)
+		} else {
+			b.log.Info("Backend back from draining", "backend", be.addr, "healthy", be.healthy)
+			if !be.healthy {
+				b.drainLocked(be)
+			}
+		}
+	}
+}
+
 // drainLocked closes be's connections after the drain period, unless it is
-// back in service by then.
+// back in service by then. A draining backend closes its own.
 func (b *Balancer) drainLocked(be *backend) {
 	be.stopDrain()
+	if be.draining {
+		return
+	}
 	be.drainTimer = time.AfterFunc(b.drain, func() {
 		b.mu.Lock()
 		if b.closed || be.eligible() {

@@ -461,3 +461,60 @@ func timeUntil(t testing.TB, timeout time.Duration, cond func() bool) time.Durat
 	}
 	return time.Since(start)
 }
+
+// A draining backend (an API server about to be restarted for an upgrade)
+// takes no new connection, but its open ones stay, even when it fails its
+// checks, for it to close gracefully: cutting them would fail the requests
+// in flight. Back from draining, it takes connections again.
+func TestDrainingBackendKeepsItsConnectionsAndTakesNoNewOnes(t *testing.T) {
+	p := newTestPKI(t)
+	b0 := newBackend(t, p, "b0", true)
+	b1 := newBackend(t, p, "b1", true)
+	drain := 300 * time.Millisecond
+	lb, addr, _ := startBalancer(t, Config{Backends: []string{b0.addr}, HealthCheck: fastCheck(p), Drain: drain})
+	waitHealthy(t, lb, true, b0)
+	kept := dialPersistent(t, p, addr)
+	if name, err := kept.whoami(); err != nil || name != "b0" {
+		t.Fatalf("first request: %q, %v; want b0", name, err)
+	}
+	if err := lb.SetBackends([]string{b0.addr, b1.addr}); err != nil {
+		t.Fatal(err)
+	}
+	waitHealthy(t, lb, true, b1)
+
+	lb.SetDraining([]string{b0.addr})
+	b0.ready.Store(false) // shutting down: its /readyz fails first
+	timeUntil(t, 5*time.Second, func() bool { return !healthy(lb, b0.addr) })
+	for range 5 {
+		c := dialPersistent(t, p, addr)
+		if name, err := c.whoami(); err != nil || name != "b1" {
+			t.Fatalf("a new connection while b0 drains went to %q (%v), want b1", name, err)
+		}
+	}
+	out := time.Now()
+	waitFor(t, 5*time.Second, "three drain periods", func() error {
+		if _, err := kept.whoami(); err != nil {
+			return fmt.Errorf("the draining backend's connection was cut: %w", err)
+		}
+		if since := time.Since(out); since < 3*drain {
+			return fmt.Errorf("only %s", since)
+		}
+		return nil
+	})
+
+	b0.ready.Store(true)
+	lb.SetDraining(nil)
+	timeUntil(t, 5*time.Second, func() bool { return healthy(lb, b0.addr) })
+	seen := map[string]bool{}
+	for range 6 {
+		c := dialPersistent(t, p, addr)
+		name, err := c.whoami()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[name] = true
+	}
+	if !seen["b0"] {
+		t.Errorf("b0, back from draining and healthy, took no new connection: %v", seen)
+	}
+}

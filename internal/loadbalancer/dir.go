@@ -53,6 +53,10 @@ type FileConfig struct {
 	Listen string `json:"listen"`
 	// Backends are the API servers, host:port.
 	Backends []string `json:"backends"`
+	// Draining are backends that take no new connections and whose
+	// connections are left for them to close (an API server restarted
+	// gracefully); each is one of Backends.
+	Draining []string `json:"draining,omitempty"`
 	// ServerName is the name checked in the backends' certificates, when
 	// they do not name their IP address.
 	ServerName    string          `json:"serverName,omitempty"`
@@ -259,6 +263,7 @@ func runDir(ctx context.Context, dir string, t runTiming) error {
 		l.Close()
 		return err
 	}
+	b.SetDraining(cfg.Draining)
 	addressPath := filepath.Join(dir, AddressFile)
 	if err := files.WriteAtomic(addressPath, []byte(l.Addr().String()+"\n"), 0o600); err != nil {
 		l.Close()
@@ -297,6 +302,7 @@ func runDir(ctx context.Context, dir string, t runTiming) error {
 			log.Error(err, "Load balancer config changed but its backends are invalid", "dir", dir)
 			continue
 		}
+		b.SetDraining(next.Draining)
 		b.SetHealthCheck(nextHC)
 		log.Info("Load balancer config reloaded", "backends", next.Backends)
 		cfg = next

@@ -88,19 +88,19 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 		return nil, nil, err
 	}
 	machine := &bootstrap.Machine{
-		ClusterName: cfg.ClusterName,
-		PKI:         set,
-		Name:        b.NodeName,
-		IP:          ip,
-		Endpoint:    cfg.Endpoint,
-		Network:     cfg.Network,
-		Version:     cfg.Version,
-		EtcdVersion: cfg.EtcdVersion,
-		BinDir:      b.BinDir,
-		Dir:         dir,
-		Components:  cfg.Components,
-		Etcd:        etcd,
-		Overrides:   versions.ControlPlane,
+		ClusterName:       cfg.ClusterName,
+		PKI:               set,
+		Name:              b.NodeName,
+		IP:                ip,
+		Endpoint:          cfg.Endpoint,
+		Network:           cfg.Network,
+		Version:           cfg.Version,
+		EtcdVersion:       cfg.EtcdVersion,
+		BinDir:            b.BinDir,
+		Dir:               dir,
+		Components:        cfg.Components,
+		Etcd:              etcd,
+		Overrides:         versions.ControlPlane,
 		SettingsByVersion: versions.Settings,
 	}
 	bundle, err := bootstrap.ControlPlane(machine, time.Now())

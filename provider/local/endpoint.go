@@ -70,7 +70,7 @@ func (p *Provider) EnsureEndpoint(ctx context.Context, req *provider.EndpointReq
 	case err != nil:
 		return "", 0, err
 	}
-	want := endpointConfig(cfg.Listen, req.Backends)
+	want := endpointConfig(cfg.Listen, req.Backends, req.Draining)
 	tlsFiles := loadbalancer.TLSFiles{CA: req.CAData, ClientCert: req.ClientCert, ClientKey: req.ClientKey}
 	// Only what differs is written: every write makes the balancer reload,
 	// and EnsureEndpoint runs on every reconcile of the cluster.
@@ -180,7 +180,7 @@ func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, err
 	if err != nil {
 		return loadbalancer.FileConfig{}, err
 	}
-	cfg := endpointConfig(net.JoinHostPort(addr, strconv.Itoa(EndpointPort)), nil)
+	cfg := endpointConfig(net.JoinHostPort(addr, strconv.Itoa(EndpointPort)), nil, nil)
 	if err := os.MkdirAll(filepath.Join(p.root, endpointsDir), 0o700); err != nil {
 		return loadbalancer.FileConfig{}, err
 	}
@@ -203,12 +203,15 @@ func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, err
 // endpointConfig is the configuration of an endpoint listening on listen
 // in front of backends (sorted and without repeats, so that neither their
 // order nor a repeat is a change).
-func endpointConfig(listen string, backends []string) loadbalancer.FileConfig {
+func endpointConfig(listen string, backends, draining []string) loadbalancer.FileConfig {
 	cfg := loadbalancer.FileConfig{Listen: listen, Drain: metav1.Duration{Duration: endpointDrain}}
 	if len(backends) > 0 {
-		cfg.Backends = slices.Clone(backends)
-		slices.Sort(cfg.Backends)
-		cfg.Backends = slices.Compact(cfg.Backends)
+		cfg.Backends = slices.Compact(slices.Sorted(slices.Values(backends)))
+	}
+	for _, d := range slices.Compact(slices.Sorted(slices.Values(draining))) {
+		if slices.Contains(cfg.Backends, d) {
+			cfg.Draining = append(cfg.Draining, d)
+		}
 	}
 	return cfg
 }

@@ -135,18 +135,19 @@ func (r *Reconciler) endpointBackends(ctx context.Context, cluster *clusterv1.Cl
 				continue
 			}
 			hostPort := net.JoinHostPort(a.Address, strconv.Itoa(bootstrap.DefaultAPIServerPort))
+			backends = append(backends, hostPort)
 			if controlplane.Drained(m) {
-				// An upgrade step restarts it soon (M13).
+				// An upgrade step restarts it soon, gracefully (M13).
 				drained = append(drained, hostPort)
-			} else {
-				backends = append(backends, hostPort)
 			}
 		}
 	}
-	if len(backends) == 0 {
-		backends = drained // better a server about to restart than none
+	if len(drained) == len(backends) {
+		drained = nil // better a server about to restart than none
 	}
-	if _, _, err := eps.EnsureEndpoint(ctx, endpointRequest(cluster, set, backends)); err != nil {
+	req := endpointRequest(cluster, set, backends)
+	req.Draining = drained
+	if _, _, err := eps.EnsureEndpoint(ctx, req); err != nil {
 		return fmt.Errorf("updating the control-plane endpoint's backends: %w", err)
 	}
 	return nil
