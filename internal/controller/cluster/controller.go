@@ -89,7 +89,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 func New(c client.Client, live client.Reader, rec recorder.EventRecorder, opts Options) *Reconciler {
 	return &Reconciler{
 		client: c, recorder: rec, opts: opts, now: time.Now,
-		cp: &controlplane.ControlPlane{Client: c, Live: live, Etcd: opts.Etcd, Recorder: rec},
+		cp: &controlplane.ControlPlane{Client: c, Live: live, Etcd: opts.Etcd, Recorder: rec, Started: time.Now()},
 	}
 }
 

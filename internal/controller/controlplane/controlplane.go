@@ -37,6 +37,9 @@ type ControlPlane struct {
 	Etcd EtcdDialer
 	// Recorder, if set, gets an event at each upgrade step.
 	Recorder recorder.EventRecorder
+	// Started is when this controller started: an upgrade step's drain
+	// wait counts from it at the earliest (see drain).
+	Started time.Time
 }
 
 // Result says what the step did, for the cluster controller's conditions.

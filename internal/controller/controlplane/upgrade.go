@@ -255,6 +255,12 @@ func (cp *ControlPlane) take(ctx context.Context, cluster *clusterv1.Cluster, ma
 // the balancer still needs time to move its clients away.
 func (cp *ControlPlane) drain(ctx context.Context, m *clusterv1.Machine) (bool, error) {
 	if at, ok := drainedAt(m); ok {
+		// A controller started since cannot know that the endpoint was
+		// told before it stopped: the wait counts from its start, when its
+		// first pass tells it.
+		if at.Before(cp.Started) {
+			at = cp.Started
+		}
 		return time.Since(at) < EndpointDrainWait, nil
 	}
 	before := m.DeepCopy()

@@ -1,7 +1,9 @@
 package controlplane
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/upgrade"
@@ -128,5 +130,19 @@ func TestInFlightStepIsRecoveredFromTheMachines(t *testing.T) {
 	inFlight(st, []clusterv1.Machine{m})
 	if st.Current != previous {
 		t.Errorf("a settled machine changed the current step to %+v", st.Current)
+	}
+}
+
+// A controller restarted after a machine was marked for its step waits
+// the drain period again from its start: it cannot know whether the
+// endpoint was told before it stopped, and its first pass tells it.
+func TestDrainWaitCountsFromARestart(t *testing.T) {
+	m := &clusterv1.Machine{}
+	m.Annotations = map[string]string{clusterv1.EndpointDrainAnnotation: time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)}
+	if wait, err := (&ControlPlane{}).drain(context.Background(), m); err != nil || wait {
+		t.Errorf("a machine marked a minute ago by this controller: wait = %v (%v), want none", wait, err)
+	}
+	if wait, err := (&ControlPlane{Started: time.Now()}).drain(context.Background(), m); err != nil || !wait {
+		t.Errorf("a machine marked before this controller started: wait = %v (%v), want the drain period again", wait, err)
 	}
 }
