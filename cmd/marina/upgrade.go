@@ -146,7 +146,10 @@ func observe(ctx context.Context, mf *managementFlags, name string) (*observed, 
 // machine stays healthy; it refuses what the version rules refuse (M19),
 // a version not among available (when known) included.
 func printPlan(w io.Writer, o *observed, version string, available []string) error {
-	from := o.cluster.Status.ControlPlane.Components.APIServer
+	from, all := controlplane.OldestAPIServer(o.machines)
+	if !all {
+		return fmt.Errorf("cluster %s: a control-plane machine has not reported its API server's version yet (it is being made): try again when marina describe cluster %s shows every machine Running", o.cluster.Name, o.cluster.Name)
+	}
 	if err := upgrade.Check(from, version, available); err != nil {
 		return fmt.Errorf("cluster %s cannot be upgraded to %s: %w", o.cluster.Name, version, err)
 	}

@@ -52,6 +52,15 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	testenv.Eventually(t, time.Minute, "every control-plane machine reporting "+upgradeFrom, func() error {
+		for _, m := range controlPlaneMachines(t, ctx, c, key) {
+			if v := m.Status.Versions.ControlPlane; v == nil || v.APIServer != upgradeFrom {
+				return fmt.Errorf("machine %s reports %+v", m.Name, v)
+			}
+		}
+		return nil
+	})
+
 	t.Run("marina upgrade plan lists the steps and changes nothing", func(t *testing.T) {
 		out := u.marina(t, "upgrade", "plan", key.Name, "--to", upgradeTo)
 		for _, want := range []string{"from v1.36.3 to v1.37.2 (InPlace): 13 steps", "  1  kube-apiserver on upgrade-cp-0: v1.36.3 → v1.37.2",

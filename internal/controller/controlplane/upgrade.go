@@ -45,7 +45,7 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 	}
 	health := probeMachines(ctx, set, machines)
 	in := inputOf(cluster, machines, health, etcd, workers)
-	if st = begin(cluster, in); st == nil {
+	if st = begin(cluster, in, machines); st == nil {
 		// The version rules need the running version: a machine being
 		// made has not reported it yet.
 		setUpgrading(cluster, metav1.ConditionTrue, clusterv1.ClusterUpgradingReason,
@@ -121,19 +121,40 @@ func UpgradeInput(cluster *clusterv1.Cluster, version string, machines []cluster
 	return in
 }
 
+// OldestAPIServer is the oldest version the machines' API servers report,
+// and whether every machine not being deleted has reported one.
+func OldestAPIServer(machines []clusterv1.Machine) (string, bool) {
+	oldest, all := "", true
+	for i := range machines {
+		m := &machines[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		v := m.Status.Versions.ControlPlane
+		if v == nil || v.APIServer == "" {
+			all = false
+			continue
+		}
+		if oldest == "" || compareVersions(v.APIServer, oldest) < 0 {
+			oldest = v.APIServer
+		}
+	}
+	return oldest, all
+}
+
 // begin records the upgrade in status.upgrade when it starts: from the
 // oldest API server to the spec's version.
-func begin(cluster *clusterv1.Cluster, in upgrade.Input) *clusterv1.UpgradeStatus {
+func begin(cluster *clusterv1.Cluster, in upgrade.Input, machines []clusterv1.Machine) *clusterv1.UpgradeStatus {
 	st := cluster.Status.Upgrade
 	if st != nil && st.To == in.Version {
 		st.CompletedAt = nil // a component fell behind again after it was done: resume
 		return st
 	}
-	from := cluster.Status.ControlPlane.Components.APIServer
+	from, all := OldestAPIServer(machines)
 	if st != nil && st.CompletedAt == nil && st.From != "" {
-		from = st.From // the target changed mid-way (a rollback's fix)
+		from, all = st.From, true // the target changed mid-way (a rollback's fix)
 	}
-	if from == "" {
+	if !all || from == "" {
 		return nil
 	}
 	now := metav1.Now()
