@@ -40,19 +40,40 @@ type spawnReq struct {
 func NewSpawner() *Spawner {
 	s := &Spawner{reqs: make(chan spawnReq), quit: make(chan struct{})}
 	go func() {
-		// Never unlocked: when this goroutine returns, its thread exits with
-		// it, and any child still alive receives SIGKILL.
 		runtime.LockOSThread()
-		for {
-			select {
-			case r := <-s.reqs:
-				r.res <- r.cmd.Start()
-			case <-s.quit:
-				return
-			}
+		if syscall.Gettid() != syscall.Getpid() {
+			s.serve()
+			return
 		}
+		// Locked to the process's main thread, which the runtime never
+		// ends: its children would never get the signal. Serve from
+		// another thread (this goroutine holds the main one until that
+		// one is locked), then give the main thread back.
+		locked := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(locked)
+			s.serve()
+		}()
+		<-locked
+		runtime.UnlockOSThread()
 	}()
 	return s
+}
+
+// serve starts the children from the calling goroutine, which must be
+// locked to a thread other than the main one, until Close. It never
+// unlocks: when it returns, its thread exits with it, and any child still
+// alive receives SIGKILL.
+func (s *Spawner) serve() {
+	for {
+		select {
+		case r := <-s.reqs:
+			r.res <- r.cmd.Start()
+		case <-s.quit:
+			return
+		}
+	}
 }
 
 // Close ends the spawning thread: a child still running receives SIGKILL.

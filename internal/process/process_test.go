@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -151,5 +152,27 @@ func TestCloseKillsChildrenThroughParentDeathSignal(t *testing.T) {
 	}
 	if _, err := s.Start(Spec{Name: "late", Binary: "/bin/true", LogPath: filepath.Join(t.TempDir(), "l.log")}); err == nil {
 		t.Error("Start after Close succeeded")
+	}
+}
+
+// With one P, a new goroutine often runs on the process's main thread,
+// which the runtime never ends: a spawner locked there would never let its
+// children get the parent-death signal. Each spawner must serve from
+// another thread (this failed before it did).
+func TestSpawnersNeverServeFromTheMainThread(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for i := range 10 {
+		s := NewSpawner()
+		c, err := s.Start(Spec{Name: "orphan", Binary: "/bin/sh", Args: []string{"-c", "trap '' TERM; exec sleep 60"}, LogPath: filepath.Join(t.TempDir(), "o.log")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		select {
+		case <-c.Done():
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(c.PID(), syscall.SIGKILL)
+			t.Fatalf("spawner %d: the child outlived its spawner's thread", i)
+		}
 	}
 }
