@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,7 +45,32 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// startUp starts marina up on stateDir and waits until it is up. Ports
+// found free can be taken before marina binds them (by an outgoing
+// connection's ephemeral port, in another test package running beside
+// this one): a start that fails to bind is tried again on other ports.
 func startUp(t *testing.T, stateDir string) *upProcess {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		u, bindErr := tryStartUp(t, stateDir)
+		if !bindErr || attempt == 3 {
+			if bindErr {
+				t.Fatalf("marina up could not bind its ports in 3 tries:\n%s", u.out)
+			}
+			return u
+		}
+		t.Logf("marina up found a port taken, trying other ports:\n%s", lastLine(u.out.String()))
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// tryStartUp reports true, with marina up stopped, when it exited because
+// a port was taken.
+func tryStartUp(t *testing.T, stateDir string) (*upProcess, bool) {
 	t.Helper()
 	binDir, err := testenv.BinDir()
 	if err != nil {
@@ -70,16 +96,23 @@ func startUp(t *testing.T, stateDir string) *upProcess {
 	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 		select {
 		case <-u.done:
-			t.Fatalf("marina up exited early:\n%s", out)
+			return false, errExited
 		default:
 		}
 		return strings.Contains(out.String(), "management plane is up"), nil
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, errExited) && strings.Contains(out.String(), "address already in use"):
+		return u, true
+	case errors.Is(err, errExited):
+		t.Fatalf("marina up exited early:\n%s", out)
+	case err != nil:
 		t.Fatalf("marina up did not become ready: %v\n%s", err, out)
 	}
-	return u
+	return u, false
 }
+
+var errExited = errors.New("marina up exited")
 
 // kubectl runs bin/kubectl with the plane's admin kubeconfig.
 func (u *upProcess) kubectl(t *testing.T, args ...string) (string, error) {
