@@ -74,8 +74,8 @@ func newDescribeCommand() *cobra.Command {
 				return err
 			}
 			m := &clusterv1.Machine{}
-			if err := c.Get(cmd.Context(), types.NamespacedName{Namespace: mf.namespace, Name: args[0]}, m); err != nil {
-				return fmt.Errorf("reading machine %s/%s: %w", mf.namespace, args[0], err)
+			if err := mf.get(cmd.Context(), c, args[0], m); err != nil {
+				return err
 			}
 			view := machineView{Machine: m}
 			var mc *clusterv1.MachineClass
@@ -194,9 +194,6 @@ func newKubeconfigCommand() *cobra.Command {
 
 // clusterObjects lists a cluster and everything of it.
 func clusterObjects(ctx context.Context, c client.Client, namespace, name string) (describe.Objects, error) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	o := describe.Objects{Cluster: &clusterv1.Cluster{}}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, o.Cluster); err != nil {
 		return o, fmt.Errorf("reading cluster %s/%s: %w", namespace, name, err)

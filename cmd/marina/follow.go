@@ -19,9 +19,6 @@ type pollStages func(ctx context.Context) (stages []describe.Stage, failed strin
 // printed when its count changes. It fails with the reason when poll
 // reports one, and when timeout passes.
 func follow(ctx context.Context, w io.Writer, timeout time.Duration, poll pollStages) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	tty := isTerminal(w)
 	start := time.Now()
 	deadline := start.Add(timeout)

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -42,6 +46,16 @@ func (f *managementFlags) client() (client.Client, error) {
 		return nil, fmt.Errorf("connecting to the management plane: %w", err)
 	}
 	return c, nil
+}
+
+// get reads the object called name in the namespace of -n, with an error
+// naming it.
+func (f *managementFlags) get(ctx context.Context, c client.Client, name string, obj client.Object) error {
+	if err := c.Get(ctx, types.NamespacedName{Namespace: f.namespace, Name: name}, obj); err != nil {
+		kind := strings.ToLower(reflect.TypeOf(obj).Elem().Name())
+		return fmt.Errorf("reading %s %s/%s: %w", kind, f.namespace, name, err)
+	}
+	return nil
 }
 
 // completeClusters completes a cluster name from the management plane.

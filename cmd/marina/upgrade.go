@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
@@ -89,8 +88,8 @@ version, and it goes on.`,
 				return err
 			}
 			cluster := &clusterv1.Cluster{}
-			if err := c.Get(cmd.Context(), types.NamespacedName{Namespace: mf.namespace, Name: args[0]}, cluster); err != nil {
-				return fmt.Errorf("reading cluster %s/%s: %w", mf.namespace, args[0], err)
+			if err := mf.get(cmd.Context(), c, args[0], cluster); err != nil {
+				return err
 			}
 			st := cluster.Status.Upgrade
 			if st == nil || st.CompletedAt != nil || st.Current == nil {
@@ -126,12 +125,9 @@ func observe(ctx context.Context, mf *managementFlags, name string) (*observed, 
 	if err != nil {
 		return nil, err
 	}
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	o := &observed{cluster: &clusterv1.Cluster{}}
-	if err := c.Get(ctx, types.NamespacedName{Namespace: mf.namespace, Name: name}, o.cluster); err != nil {
-		return nil, fmt.Errorf("reading cluster %s/%s: %w", mf.namespace, name, err)
+	if err := mf.get(ctx, c, name, o.cluster); err != nil {
+		return nil, err
 	}
 	if o.machines, err = (&controlplane.ControlPlane{Live: c}).Machines(ctx, o.cluster); err != nil {
 		return nil, err
