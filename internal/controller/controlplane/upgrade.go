@@ -35,9 +35,17 @@ const defaultStepTimeout = 10 * time.Minute
 func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set, machines []clusterv1.Machine, etcd *etcdState) (bool, error) {
 	st := cluster.Status.Upgrade
 	underWay := st != nil && st.CompletedAt == nil && st.To == string(cluster.Spec.ControlPlane.Version)
-	workers, deployments, err := Workers(ctx, cp.Client, cluster, underWay)
-	if err != nil {
-		return false, err
+	// The workers roll as the last step of a control-plane upgrade, not
+	// on their own: a deployment kept at an older kubelet on purpose (the
+	// skew policy allows it) starts nothing, and a settled cluster's pass
+	// lists no worker.
+	var workers map[string]string
+	var deployments []clusterv1.MachineDeployment
+	if underWay || upgrade.Needed(inputOf(cluster, machines, nil, etcd, nil)) {
+		var err error
+		if workers, deployments, err = Workers(ctx, cp.Client, cluster, underWay); err != nil {
+			return false, err
+		}
 	}
 	if !upgrade.Needed(inputOf(cluster, machines, nil, etcd, workers)) {
 		cp.finish(cluster)
