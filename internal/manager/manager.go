@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -33,6 +34,10 @@ type Options struct {
 	LeaderElectionNamespace string
 	// MetricsAddr serves Prometheus metrics; "0" disables them.
 	MetricsAddr string
+	// SecureMetrics serves them over HTTPS to callers the API server
+	// authenticates and allows to get /metrics (controller-runtime's
+	// filter: a TokenReview and a SubjectAccessReview per new caller).
+	SecureMetrics bool
 	// HealthAddr serves /healthz and /readyz; "0" disables them.
 	HealthAddr string
 	// Providers make the real machines; the machine controller acts only on
@@ -66,6 +71,11 @@ const LeaderElectionID = "marina-controller-manager"
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
+// The metrics endpoint asks the API server who calls it and whether they
+// may (SecureMetrics).
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
 // New builds a manager with every marina controller registered.
 func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	cfg = rest.CopyConfig(cfg)
@@ -85,6 +95,11 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 			Host: w.Host, Port: w.Port, CertDir: w.CertDir, CertName: w.CertName, KeyName: w.KeyName,
 		})
 	}
+	metricsOpts := metricsserver.Options{BindAddress: opts.MetricsAddr}
+	if opts.SecureMetrics {
+		metricsOpts.SecureServing = true
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme.New(),
 		LeaderElection:          opts.LeaderElection,
@@ -93,7 +108,7 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		// Stepping down quickly lets a new leader take over without waiting
 		// out the lease on a clean shutdown.
 		LeaderElectionReleaseOnCancel: true,
-		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
+		Metrics:                       metricsOpts,
 		HealthProbeBindAddress:        opts.HealthAddr,
 		WebhookServer:                 webhookServer,
 	})
