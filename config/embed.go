@@ -19,3 +19,11 @@ const CRDDir = "crd/bases"
 //
 //go:embed webhook/manifests.yaml
 var Webhook []byte
+
+// Install holds what `marina init` installs beside the CRDs and the webhook
+// configuration: the namespace and controller Deployment, RBAC, the
+// webhook's Service and the tenancy policy. The kustomization files are
+// kubectl's; marina init reads the manifests they list.
+//
+//go:embed manager/manager.yaml rbac/*.yaml webhook/service.yaml tenancy/policy.yaml
+var Install embed.FS

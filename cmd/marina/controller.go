@@ -21,14 +21,15 @@ import (
 )
 
 func newControllerCommand() *cobra.Command {
-	var kubeconfig, localDir, binDir, webhookService string
+	var kubeconfig, localDir, binDir, webhookService, webhookHost string
 	webhookPort := 9443
 	certs := webhook.CertOptions{SecretName: "marina-webhook-tls", Dir: filepath.Join(os.TempDir(), "marina-webhook-certs")}
 	var externalKinds []string
 	opts := manager.Options{
 		LeaderElection:          true,
 		LeaderElectionNamespace: "marina-system",
-		MetricsAddr:             ":8080",
+		MetricsAddr:             ":8443",
+		SecureMetrics:           true,
 		HealthAddr:              ":8081",
 	}
 	cmd := &cobra.Command{
@@ -64,6 +65,9 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				if certs.Namespace, certs.Service, err = splitNamespacedName(webhookService); err != nil {
 					return fmt.Errorf("--webhook-service: %w", err)
 				}
+				if webhookHost != "" {
+					certs.Hosts = []string{webhookHost}
+				}
 				c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
 				if err != nil {
 					return fmt.Errorf("building client: %w", err)
@@ -75,7 +79,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 					return err
 				}
 				renewer = webhook.CertRenewer(c, certs, 12*time.Hour)
-				opts.Webhook = &manager.WebhookOptions{Port: webhookPort, CertDir: certs.Dir}
+				opts.Webhook = &manager.WebhookOptions{Host: webhookHost, Port: webhookPort, CertDir: certs.Dir}
 			}
 			mgr, err := manager.New(ctx, cfg, opts)
 			if err != nil {
@@ -111,10 +115,12 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.BoolVar(&opts.ReportUnowned, "report-unowned", true, "report machines whose providerSpec kind no provider owns (leave it on in exactly one controller)")
 	f.StringSliceVar(&externalKinds, "external-provider-kinds", nil, "providerSpec kinds owned by provider processes elsewhere, as group/version/Kind (not reported as unowned)")
 	f.IntVar(&webhookPort, "webhook-port", webhookPort, "port of the admission webhook the API server calls to check marina's objects (0: serve none)")
+	f.StringVar(&webhookHost, "webhook-host", "", "address the webhook listens on, also put in its serving certificate: for a controller outside the cluster, the host of marina init's --webhook-url (default: every address, for the Service)")
 	f.StringVar(&webhookService, "webhook-service", "marina-system/marina-webhook", "namespace/name of the Service in front of the webhook; its serving certificate is issued for <name>.<namespace>.svc")
 	f.StringVar(&certs.SecretName, "webhook-cert-secret", certs.SecretName, "Secret, in the webhook Service's namespace, that holds the webhook's own CA and serving certificate (created if missing)")
 	f.StringVar(&certs.Dir, "webhook-cert-dir", certs.Dir, "directory the serving certificate is written to for the webhook server")
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, `address of the metrics endpoint ("0" disables it)`)
+	f.BoolVar(&opts.SecureMetrics, "metrics-secure", opts.SecureMetrics, "serve metrics over HTTPS, only to callers allowed to get /metrics (ClusterRole marina-metrics-reader)")
 	f.StringVar(&opts.HealthAddr, "health-probe-bind-address", opts.HealthAddr, `address of /healthz and /readyz ("0" disables them)`)
 	return cmd
 }

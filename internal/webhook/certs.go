@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"time"
 
@@ -29,6 +30,10 @@ type CertOptions struct {
 	// Namespace and Service are the webhook's Service: the certificate is
 	// issued for <Service>.<Namespace>.svc, the name the API server calls.
 	Namespace, Service string
+	// Hosts are names or IP addresses the certificate is also issued for:
+	// the host of a webhook URL when the controller runs outside the
+	// cluster (marina init --webhook-url).
+	Hosts []string
 	// SecretName is the Secret in Namespace holding the webhook's own CA and
 	// serving certificate (ca.crt, ca.key, tls.crt, tls.key), shared by
 	// every replica.
@@ -60,8 +65,7 @@ func EnsureServingCert(ctx context.Context, c client.Client, opts CertOptions, n
 // certificate when needed.
 func servingCert(ctx context.Context, c client.Client, opts CertOptions, now time.Time) (ca, serving *pki.KeyPair, err error) {
 	key := types.NamespacedName{Namespace: opts.Namespace, Name: opts.SecretName}
-	dnsName := opts.Service + "." + opts.Namespace + ".svc"
-	spec := pki.CertSpec{CommonName: dnsName, DNSNames: []string{dnsName, dnsName + ".cluster.local"}, Usage: pki.ServerAuth}
+	spec := opts.certSpec()
 	secret := &corev1.Secret{}
 	err = c.Get(ctx, key, secret)
 	if apierrors.IsNotFound(err) {
@@ -94,7 +98,7 @@ func servingCert(ctx context.Context, c client.Client, opts CertOptions, now tim
 	}
 	serving, err = pki.ParsePEM(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey])
 	if err == nil && !pki.NeedsRenewal(serving.Cert, now) && serving.Cert.CheckSignatureFrom(ca.Cert) == nil &&
-		slices.Equal(serving.Cert.DNSNames, spec.DNSNames) {
+		slices.Equal(serving.Cert.DNSNames, spec.DNSNames) && slices.EqualFunc(serving.Cert.IPAddresses, spec.IPs, net.IP.Equal) {
 		return ca, serving, nil
 	}
 	if serving, err = ca.Issue(spec); err != nil {
@@ -109,6 +113,20 @@ func servingCert(ctx context.Context, c client.Client, opts CertOptions, now tim
 		return nil, nil, fmt.Errorf("renewing the serving certificate in Secret %s: %w", key, err)
 	}
 	return ca, serving, nil
+}
+
+// certSpec is the serving certificate's: the Service's names, and Hosts.
+func (opts CertOptions) certSpec() pki.CertSpec {
+	dnsName := opts.Service + "." + opts.Namespace + ".svc"
+	spec := pki.CertSpec{CommonName: dnsName, DNSNames: []string{dnsName, dnsName + ".cluster.local"}, Usage: pki.ServerAuth}
+	for _, h := range opts.Hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			spec.IPs = append(spec.IPs, ip)
+		} else {
+			spec.DNSNames = append(spec.DNSNames, h)
+		}
+	}
+	return spec
 }
 
 func fill(secret *corev1.Secret, ca, serving *pki.KeyPair) error {
