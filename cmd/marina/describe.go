@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -77,7 +76,7 @@ func newDescribeCommand() *cobra.Command {
 			if err := mf.get(cmd.Context(), c, args[0], m); err != nil {
 				return err
 			}
-			view := machineView{Machine: m}
+			view := describe.MachineView{Machine: m}
 			var mc *clusterv1.MachineClass
 			if ref := m.Spec.ClassRef; ref != nil {
 				mc = &clusterv1.MachineClass{}
@@ -96,56 +95,11 @@ func newDescribeCommand() *cobra.Command {
 			if output != "" {
 				return printAs(cmd.OutOrStdout(), output, view)
 			}
-			return printMachine(cmd.OutOrStdout(), view)
+			return describe.PrintMachine(cmd.OutOrStdout(), view, time.Now(), describe.Options{Color: isTerminal(cmd.OutOrStdout()), AllConditions: true})
 		},
 	}
 	cmd.AddCommand(clusterCmd, machineCmd)
 	return cmd
-}
-
-// machineView is what describe machine shows; the machine's class and
-// provider configuration hold no secret (credentials live in Secrets,
-// which it never reads).
-type machineView struct {
-	Machine      *clusterv1.Machine `json:"machine"`
-	Class        string             `json:"class,omitempty"`
-	ProviderSpec json.RawMessage    `json:"mergedProviderSpec,omitempty"`
-	NodeLabels   map[string]string  `json:"nodeLabels,omitempty"`
-	NodeTaints   []corev1.Taint     `json:"nodeTaints,omitempty"`
-	MergeError   string             `json:"mergeError,omitempty"`
-}
-
-func printMachine(w io.Writer, v machineView) error {
-	m := v.Machine
-	fmt.Fprintf(w, "Machine %s/%s (cluster %s, roles %v)\n", m.Namespace, m.Name, m.Spec.ClusterName, m.Spec.Roles)
-	if err := describe.Render(w, describe.Machine(m, time.Now()), describe.Options{Color: isTerminal(w), AllConditions: true}); err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "Provider ID: %s\n", dash(m.Status.ProviderID))
-	if m.Status.NodeRef != nil {
-		fmt.Fprintf(w, "Node: %s\n", m.Status.NodeRef.Name)
-	}
-	if v.Class != "" {
-		fmt.Fprintf(w, "Class: %s\n", v.Class)
-	}
-	if v.MergeError != "" {
-		fmt.Fprintf(w, "Provider configuration: cannot be merged: %s\n", v.MergeError)
-		return nil
-	}
-	spec, err := yaml.JSONToYAML(v.ProviderSpec)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "Merged provider configuration:\n%s", indent(string(spec)))
-	if len(v.NodeLabels) > 0 {
-		labels, _ := yaml.Marshal(v.NodeLabels)
-		fmt.Fprintf(w, "Node labels:\n%s", indent(string(labels)))
-	}
-	if len(v.NodeTaints) > 0 {
-		taints, _ := yaml.Marshal(v.NodeTaints)
-		fmt.Fprintf(w, "Node taints:\n%s", indent(string(taints)))
-	}
-	return nil
 }
 
 func newKubeconfigCommand() *cobra.Command {
@@ -238,12 +192,4 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
-func indent(s string) string {
-	var b strings.Builder
-	for _, line := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
-		b.WriteString("  " + line + "\n")
-	}
-	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
@@ -140,19 +141,55 @@ func TestDescribeClusterGolden(t *testing.T) {
 			if err := Render(&out, Cluster(objects, now), Options{}); err != nil {
 				t.Fatal(err)
 			}
-			golden := filepath.Join("testdata", name+".golden")
-			if *update {
-				if err := os.WriteFile(golden, out.Bytes(), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test ./internal/describe -update to write it)", err)
-			}
-			if !bytes.Equal(out.Bytes(), want) {
-				t.Errorf("describe %s:\n%s\nwant (%s):\n%s", name, out.String(), golden, want)
-			}
+			checkGolden(t, name, out.Bytes())
 		})
+	}
+}
+
+// describe machine, in plain mode: a failed worker of a class, with its
+// merged provider configuration, labels and taints; and one whose
+// configuration cannot be merged.
+func TestDescribeMachineGolden(t *testing.T) {
+	failed := worker("ha-gpu-0", "", clusterv1.MachinePhaseFailed,
+		cond(clusterv1.ReadyCondition, "False", clusterv1.MachineInvalidProviderSpecReason, "invalid"),
+		cond(clusterv1.MachineProvisionedCondition, "False", clusterv1.MachineInvalidProviderSpecReason, "spec.memroy: unknown field"))
+	failed.Namespace = "default"
+	failed.Spec.ClusterName = "ha"
+	failed.Spec.Roles = []clusterv1.MachineRole{clusterv1.WorkerRole}
+	cases := map[string]MachineView{
+		"machine": {
+			Machine:      &failed,
+			Class:        "gpu",
+			ProviderSpec: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":4,"gpus":1,"memory":"8Gi"}}`),
+			NodeLabels:   map[string]string{"marina.dev/class": "gpu"},
+			NodeTaints:   []corev1.Taint{{Key: "nvidia.com/gpu", Effect: corev1.TaintEffectNoSchedule}},
+		},
+		"machine-unmerged": {Machine: &failed, Class: "gpu", MergeError: `override of spec.gpus is not allowed by class "gpu"`},
+	}
+	for name, view := range cases {
+		t.Run(name, func(t *testing.T) {
+			var out bytes.Buffer
+			if err := PrintMachine(&out, view, now, Options{AllConditions: true}); err != nil {
+				t.Fatal(err)
+			}
+			checkGolden(t, name, out.Bytes())
+		})
+	}
+}
+
+func checkGolden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	golden := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test ./internal/describe -update to write it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("describe %s:\n%s\nwant (%s):\n%s", name, got, golden, want)
 	}
 }
