@@ -70,6 +70,10 @@ const (
 	// it or the world on its behalf until the annotation is removed; for a
 	// whole cluster, set Cluster.spec.paused instead.
 	PausedAnnotation = GroupName + "/paused"
+
+	// FrozenAnnotation on a MachineSet is set and removed by the safety
+	// controller (FrozenCondition); its value says why.
+	FrozenAnnotation = GroupName + "/frozen"
 )
 
 // KubernetesVersion is a Kubernetes release version as its components report

@@ -250,6 +250,14 @@ const (
 	// SelectorOverlapReason: the message names the other sets.
 	SelectorOverlapReason = "SelectorOverlap"
 
+	// FrozenCondition is True while the safety controller has frozen a
+	// MachineSet for having more machines than replicas + maxSurge for too
+	// long (a runaway): it creates no machine until it is back in bounds,
+	// and may still delete. It is absent otherwise.
+	FrozenCondition = "Frozen"
+	// TooManyMachinesReason: the message gives the counts.
+	TooManyMachinesReason = "TooManyMachines"
+
 	// ClusterPausedReason: the Cluster is paused (spec.paused) or being
 	// deleted, so no machine is created or deleted.
 	ClusterPausedReason = "ClusterPaused"

@@ -194,10 +194,14 @@ func (r *Reconciler) syncReplicas(ctx context.Context, s *scope) error {
 		}
 	}
 	_, scaleDownOnly := ms.Annotations[ScaleDownOnlyAnnotation]
+	_, frozen := ms.Annotations[clusterv1.FrozenAnnotation]
 	switch {
 	case len(s.machines) < want && scaleDownOnly:
 		// An old revision of an OnDelete deployment: a machine someone
 		// deleted is replaced by the deployment's current set, never here.
+	case len(s.machines) < want && frozen:
+		// The safety controller saw a runaway: nothing is created until
+		// it has seen the set back in bounds.
 	case len(s.machines) < want:
 		for range want - len(s.machines) {
 			m, err := r.createMachine(ctx, ms)

@@ -105,9 +105,18 @@ func setStatus(s *scope) {
 			ms.Status.Selector, strings.Join(s.overlaps, ", ")))
 	}
 
+	frozen, isFrozen := ms.Annotations[clusterv1.FrozenAnnotation]
+	if isFrozen {
+		set(clusterv1.FrozenCondition, metav1.ConditionTrue, clusterv1.TooManyMachinesReason, frozen)
+	} else {
+		meta.RemoveStatusCondition(&ms.Status.Conditions, clusterv1.FrozenCondition)
+	}
+
 	switch {
 	case s.blockedReason != "":
 		set(clusterv1.ReadyCondition, metav1.ConditionFalse, s.blockedReason, s.blockedMessage)
+	case isFrozen:
+		set(clusterv1.ReadyCondition, metav1.ConditionFalse, clusterv1.TooManyMachinesReason, frozen)
 	case s.createErr != nil:
 		set(clusterv1.ReadyCondition, metav1.ConditionFalse, clusterv1.MachineCreationFailedReason,
 			fmt.Sprintf("creating a machine failed (retrying): %v", s.createErr))

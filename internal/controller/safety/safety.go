@@ -1,10 +1,14 @@
-// Package safety runs the safety controller (issue: health and safety):
-// every period it lists the machines each provider made and the Machine
-// objects of the management plane, and removes the provider machines no
-// Machine owns once they have been orphans for a grace period. An orphan
-// is what a crash, or a finalizer stripped by hand, leaves: a machine that
-// costs money (or, locally, runs processes) and that nothing would ever
-// delete.
+// Package safety runs the safety controller (issue: health and safety).
+// Every period it:
+//   - lists the machines each provider made and the Machine objects of the
+//     management plane, and removes the provider machines no Machine owns
+//     once they have been orphans for a grace period. An orphan is what a
+//     crash, or a finalizer stripped by hand, leaves: a machine that costs
+//     money (or, locally, runs processes) and that nothing would ever
+//     delete;
+//   - freezes a MachineSet that has had more machines than replicas +
+//     maxSurge for a period (a runaway: it creates no more until it is back
+//     in bounds), and thaws it once it is.
 package safety
 
 import (
@@ -15,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/metrics"
@@ -32,15 +37,26 @@ type Options struct {
 	// list that lags (none does: the list is read past the cache) and a
 	// person who strips a finalizer and re-creates the object.
 	Grace time.Duration
+	// FreezeAfter is how long a MachineSet must have been above its bound
+	// before it is frozen; Period when zero, so two looks in a row.
+	FreezeAfter time.Duration
 }
 
 // Controller is a leader-elected manager runnable.
 type Controller struct {
-	live client.Reader
-	opts Options
-	log  logr.Logger
-	seen map[types.UID]time.Time
+	client   client.Client
+	live     client.Reader
+	recorder recorder.EventRecorder
+	opts     Options
+	log      logr.Logger
+	seen     map[types.UID]time.Time
+	// over holds when each MachineSet was first seen above its bound.
+	over map[types.UID]time.Time
 }
+
+// The safety controller freezes and thaws MachineSets (config/rbac).
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machinesets,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=cluster.marina.dev,resources=machinedeployments,verbs=get;list;watch
 
 // SetupWithManager adds the safety controller to mgr.
 func SetupWithManager(mgr ctrl.Manager, opts Options) error {
@@ -50,7 +66,14 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	if opts.Grace == 0 {
 		opts.Grace = 2 * time.Minute
 	}
-	return mgr.Add(&Controller{live: mgr.GetAPIReader(), opts: opts, log: mgr.GetLogger().WithName("safety"), seen: map[types.UID]time.Time{}})
+	if opts.FreezeAfter == 0 {
+		opts.FreezeAfter = opts.Period
+	}
+	return mgr.Add(&Controller{
+		client: mgr.GetClient(), live: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("safety-controller"),
+		opts: opts, log: mgr.GetLogger().WithName("safety"),
+		seen: map[types.UID]time.Time{}, over: map[types.UID]time.Time{},
+	})
 }
 
 // NeedLeaderElection: one replica removes orphans.
@@ -63,6 +86,9 @@ func (c *Controller) Start(ctx context.Context) error {
 	for {
 		if err := c.sweep(ctx); err != nil && ctx.Err() == nil {
 			c.log.Error(err, "Looking for orphan machines failed")
+		}
+		if err := c.freeze(ctx); err != nil && ctx.Err() == nil {
+			c.log.Error(err, "Looking for runaway MachineSets failed")
 		}
 		select {
 		case <-ctx.Done():
