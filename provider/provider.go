@@ -150,6 +150,14 @@ type EndpointProvider interface {
 	DeleteEndpoint(ctx context.Context, uid types.UID) error
 }
 
+// EndpointLister is implemented by an EndpointProvider that can list the
+// endpoints it made, by their Cluster's UID: the safety controller removes
+// those whose Cluster is gone (a crash between the Cluster's finalizer and
+// the endpoint's removal, a finalizer stripped by hand).
+type EndpointLister interface {
+	ClusterEndpoints(ctx context.Context) ([]types.UID, error)
+}
+
 // EndpointRequest is what a provider needs to make and update a cluster's
 // control-plane endpoint.
 type EndpointRequest struct {

@@ -33,10 +33,16 @@ var (
 		Name: "marina_orphan_machines_removed_total",
 		Help: "Provider machines that no Machine owned, removed by the safety controller.",
 	}, []string{"provider"})
+	// OrphanEndpointsRemoved counts the control-plane endpoints the safety
+	// controller removed because their Cluster was gone, by provider.
+	OrphanEndpointsRemoved = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "marina_orphan_endpoints_removed_total",
+		Help: "Control-plane endpoints (load balancers) whose Cluster was gone, removed by the safety controller.",
+	}, []string{"provider"})
 )
 
 func init() {
-	crmetrics.Registry.MustRegister(Remediations, ShortCircuits, OrphansRemoved)
+	crmetrics.Registry.MustRegister(Remediations, ShortCircuits, OrphansRemoved, OrphanEndpointsRemoved)
 }
 
 // machinesDesc is marina_machines.

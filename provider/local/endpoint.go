@@ -44,7 +44,10 @@ const endpointDrain = 2 * time.Second
 // milliseconds.
 const endpointStartTimeout = 15 * time.Second
 
-var _ provider.EndpointProvider = (*Provider)(nil)
+var (
+	_ provider.EndpointProvider = (*Provider)(nil)
+	_ provider.EndpointLister   = (*Provider)(nil)
+)
 
 // EnsureEndpoint implements provider.EndpointProvider: one balancer
 // process per cluster (marina load-balancer), on a loopback address of its
@@ -155,6 +158,9 @@ func (p *Provider) EndpointUIDs() ([]types.UID, error) {
 	}
 	return uids, nil
 }
+
+// ClusterEndpoints implements provider.EndpointLister.
+func (p *Provider) ClusterEndpoints(context.Context) ([]types.UID, error) { return p.EndpointUIDs() }
 
 func (p *Provider) endpointDir(uid types.UID) string {
 	return filepath.Join(p.root, endpointsDir, string(uid))

@@ -6,6 +6,8 @@
 //     crash, or a finalizer stripped by hand, leaves: a machine that costs
 //     money (or, locally, runs processes) and that nothing would ever
 //     delete;
+//   - does the same for the control-plane endpoints (load balancers) of
+//     Clusters that are gone;
 //   - freezes a MachineSet that has had more machines than replicas +
 //     maxSurge for a period (a runaway: it creates no more until it is back
 //     in bounds), and thaws it once it is.
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -49,7 +52,8 @@ type Controller struct {
 	recorder recorder.EventRecorder
 	opts     Options
 	log      logr.Logger
-	seen     map[types.UID]time.Time
+	// kinds are the orphans looked for: machines, then endpoints.
+	kinds []*orphanKind
 	// over holds when each MachineSet was first seen above its bound.
 	over map[types.UID]time.Time
 }
@@ -69,11 +73,12 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	if opts.FreezeAfter == 0 {
 		opts.FreezeAfter = opts.Period
 	}
-	return mgr.Add(&Controller{
+	c := &Controller{
 		client: mgr.GetClient(), live: mgr.GetAPIReader(), recorder: mgr.GetEventRecorder("safety-controller"),
-		opts: opts, log: mgr.GetLogger().WithName("safety"),
-		seen: map[types.UID]time.Time{}, over: map[types.UID]time.Time{},
-	})
+		opts: opts, log: mgr.GetLogger().WithName("safety"), over: map[types.UID]time.Time{},
+	}
+	c.kinds = []*orphanKind{c.machineKind(), c.endpointKind()}
+	return mgr.Add(c)
 }
 
 // NeedLeaderElection: one replica removes orphans.
@@ -84,8 +89,10 @@ func (c *Controller) Start(ctx context.Context) error {
 	tick := time.NewTicker(c.opts.Period)
 	defer tick.Stop()
 	for {
-		if err := c.sweep(ctx); err != nil && ctx.Err() == nil {
-			c.log.Error(err, "Looking for orphan machines failed")
+		for _, k := range c.kinds {
+			if err := c.sweep(ctx, k); err != nil && ctx.Err() == nil {
+				c.log.Error(err, "Looking for orphans failed", "kind", k.name)
+			}
 		}
 		if err := c.freeze(ctx); err != nil && ctx.Err() == nil {
 			c.log.Error(err, "Looking for runaway MachineSets failed")
@@ -98,52 +105,117 @@ func (c *Controller) Start(ctx context.Context) error {
 	}
 }
 
-// sweep lists, decides and removes once.
-func (c *Controller) sweep(ctx context.Context) error {
-	var listers []provider.Provider
-	for _, p := range c.opts.Providers.Providers() {
-		if _, ok := p.(provider.MachineLister); ok {
-			listers = append(listers, p)
-		}
+// orphanKind is one kind of thing providers make for an object of the
+// management plane, keyed by that object's UID.
+type orphanKind struct {
+	name string
+	// list returns what p made; ok is false when p lists none of the kind.
+	list func(ctx context.Context, p provider.Provider) (uids []types.UID, ok bool, err error)
+	// owners lists the UIDs of the objects that own them.
+	owners func(ctx context.Context) (map[types.UID]bool, error)
+	remove func(ctx context.Context, p provider.Provider, uid types.UID) error
+	// removed counts removals, by provider.
+	removed *prometheus.CounterVec
+	// seen holds when each orphan was first seen.
+	seen map[types.UID]time.Time
+}
+
+func (c *Controller) machineKind() *orphanKind {
+	return &orphanKind{
+		name: "machine",
+		list: func(ctx context.Context, p provider.Provider) ([]types.UID, bool, error) {
+			l, ok := p.(provider.MachineLister)
+			if !ok {
+				return nil, false, nil
+			}
+			uids, err := l.MachineUIDs(ctx)
+			return uids, true, err
+		},
+		owners: func(ctx context.Context) (map[types.UID]bool, error) {
+			var list clusterv1.MachineList
+			if err := c.live.List(ctx, &list); err != nil {
+				return nil, err
+			}
+			known := make(map[types.UID]bool, len(list.Items))
+			for _, m := range list.Items {
+				known[m.UID] = true
+			}
+			return known, nil
+		},
+		remove:  func(ctx context.Context, p provider.Provider, uid types.UID) error { return p.Delete(ctx, uid) },
+		removed: metrics.OrphansRemoved,
+		seen:    map[types.UID]time.Time{},
 	}
-	if len(listers) == 0 {
-		return nil
+}
+
+func (c *Controller) endpointKind() *orphanKind {
+	return &orphanKind{
+		name: "endpoint",
+		list: func(ctx context.Context, p provider.Provider) ([]types.UID, bool, error) {
+			l, ok := p.(provider.EndpointLister)
+			if _, canDelete := p.(provider.EndpointProvider); !ok || !canDelete {
+				return nil, false, nil
+			}
+			uids, err := l.ClusterEndpoints(ctx)
+			return uids, true, err
+		},
+		owners: func(ctx context.Context) (map[types.UID]bool, error) {
+			var list clusterv1.ClusterList
+			if err := c.live.List(ctx, &list); err != nil {
+				return nil, err
+			}
+			known := make(map[types.UID]bool, len(list.Items))
+			for _, cl := range list.Items {
+				known[cl.UID] = true
+			}
+			return known, nil
+		},
+		remove: func(ctx context.Context, p provider.Provider, uid types.UID) error {
+			return p.(provider.EndpointProvider).DeleteEndpoint(ctx, uid)
+		},
+		removed: metrics.OrphanEndpointsRemoved,
+		seen:    map[types.UID]time.Time{},
 	}
-	// The providers are listed before the Machines: a machine made in
-	// between has its Machine already (the Machine's UID names it).
+}
+
+// sweep lists, decides and removes the orphans of one kind once.
+func (c *Controller) sweep(ctx context.Context, k *orphanKind) error {
+	// The providers are listed before the owners: a thing made in between
+	// has its owner already (the owner's UID names it).
 	made := map[provider.Provider][]types.UID{}
-	for _, p := range listers {
-		uids, err := p.(provider.MachineLister).MachineUIDs(ctx)
+	for _, p := range c.opts.Providers.Providers() {
+		uids, ok, err := k.list(ctx, p)
 		if err != nil {
 			return err
 		}
-		made[p] = uids
+		if ok {
+			made[p] = uids
+		}
 	}
-	var machines clusterv1.MachineList
-	if err := c.live.List(ctx, &machines); err != nil {
+	if len(made) == 0 {
+		return nil
+	}
+	known, err := k.owners(ctx)
+	if err != nil {
 		return err
-	}
-	known := make(map[types.UID]bool, len(machines.Items))
-	for _, m := range machines.Items {
-		known[m.UID] = true
 	}
 	now := time.Now()
 	next := map[types.UID]time.Time{}
-	for _, p := range listers {
-		remove, seen := safety.Orphans(made[p], known, c.seen, now, c.opts.Grace)
+	for p, uids := range made {
+		remove, seen := safety.Orphans(uids, known, k.seen, now, c.opts.Grace)
 		for uid, at := range seen {
 			next[uid] = at
 		}
 		for _, uid := range remove {
-			if err := p.Delete(ctx, uid); err != nil {
-				c.log.Error(err, "Removing an orphan machine failed", "provider", p.Name(), "uid", uid)
-				next[uid] = c.seen[uid]
+			if err := k.remove(ctx, p, uid); err != nil {
+				c.log.Error(err, "Removing an orphan failed", "kind", k.name, "provider", p.Name(), "uid", uid)
+				next[uid] = k.seen[uid]
 				continue
 			}
-			metrics.OrphansRemoved.WithLabelValues(p.Name()).Inc()
-			c.log.Info("Removed a machine no Machine owns", "provider", p.Name(), "uid", uid, "orphanFor", c.opts.Grace)
+			k.removed.WithLabelValues(p.Name()).Inc()
+			c.log.Info("Removed an orphan", "kind", k.name, "provider", p.Name(), "uid", uid, "orphanFor", c.opts.Grace)
 		}
 	}
-	c.seen = next
+	k.seen = next
 	return nil
 }

@@ -10,12 +10,14 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/controller/machine"
+	"marina.dev/marina/internal/pki"
 	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/internal/testenv/localenv"
 	"marina.dev/marina/provider"
@@ -123,4 +125,49 @@ func TestOrphanSandboxIsRemovedAfterGrace(t *testing.T) {
 		}
 		return client.IgnoreNotFound(err)
 	})
+}
+
+// A control-plane endpoint whose Cluster is gone is removed after the grace
+// period; the endpoint of a Cluster that exists stays.
+func TestOrphanEndpointIsRemovedAfterGrace(t *testing.T) {
+	f := suite.NewFixture(t)
+	ctx := context.Background()
+	cluster := &clusterv1.Cluster{}
+	if err := suite.Mgmt.Client.Get(ctx, client.ObjectKey{Namespace: f.NS, Name: f.Cluster}, cluster); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := pki.NewCA("kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := &provider.EndpointRequest{UID: cluster.UID, Namespace: f.NS, Name: f.Cluster, CAData: ca.CertPEM()}
+	orphan := &provider.EndpointRequest{UID: uuid.NewUUID(), Namespace: f.NS, Name: "gone", CAData: ca.CertPEM()}
+	for _, req := range []*provider.EndpointRequest{kept, orphan} {
+		if _, _, err := f.Provider.EnsureEndpoint(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = f.Provider.DeleteEndpoint(ctx, kept.UID) })
+	registry, err := provider.NewRegistry(f.Provider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grace := 2 * time.Second
+	started := time.Now()
+	localenv.StartManager(t, suite.Mgmt.Config, f.NS, func(ctx context.Context, mgr ctrl.Manager) error {
+		return SetupWithManager(mgr, Options{Providers: registry, Period: 200 * time.Millisecond, Grace: grace})
+	})
+	testenv.Eventually(t, time.Minute, "only the kept endpoint left", func() error {
+		uids, err := f.Provider.EndpointUIDs()
+		if err != nil {
+			return err
+		}
+		if len(uids) != 1 || uids[0] != kept.UID {
+			return fmt.Errorf("endpoints %v", uids)
+		}
+		return nil
+	})
+	if took := time.Since(started); took < grace {
+		t.Errorf("the orphan endpoint went after %s, before the grace period of %s", took, grace)
+	}
 }
