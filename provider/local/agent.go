@@ -17,16 +17,23 @@ import (
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
-// startAgent starts the agent of dir detached (its own session, output to
-// agent.log), records its PID, and waits until it holds the sandbox's lock.
-func (p *Provider) startAgent(ctx context.Context, dir string) error {
+// The flags naming what an agent process runs: one sandbox, or a pool.
+const (
+	sandboxFlag = "--sandbox"
+	poolFlag    = "--pool"
+)
+
+// startAgent starts the agent of dir (flag: a sandbox or a pool) detached
+// (its own session, output to agent.log), records its PID, and waits until
+// it holds dir's lock.
+func (p *Provider) startAgent(ctx context.Context, dir, flag string) error {
 	logPath := filepath.Join(dir, sandbox.LogFile)
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(logFile, "==== %s: starting the node agent\n", time.Now().UTC().Format(time.RFC3339))
-	args := append(append([]string(nil), p.opts.AgentCommand[1:]...), "--sandbox", dir)
+	args := append(append([]string(nil), p.opts.AgentCommand[1:]...), flag, dir)
 	cmd := exec.Command(p.opts.AgentCommand[0], args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -144,7 +151,11 @@ func waitReleased(ctx context.Context, dir string, timeout time.Duration) (bool,
 // agentPID is the PID of the process running the agent of dir, or 0: the
 // recorded PID if that process's command line names dir (a PID file can
 // outlive its process, and PIDs are reused), else the result of a search.
+// A pooled machine's is its pool's.
 func (p *Provider) agentPID(dir string) int {
+	if poolDir, err := poolOf(dir); err == nil && poolDir != "" {
+		dir = poolDir
+	}
 	if pid := recordedPID(dir); pid > 0 && runsSandbox(pid, dir) {
 		return pid
 	}
@@ -175,7 +186,8 @@ func recordedPID(dir string) int {
 	return pid
 }
 
-// runsSandbox reports whether process pid was started with --sandbox dir.
+// runsSandbox reports whether process pid was started with --sandbox dir
+// or --pool dir.
 func runsSandbox(pid int, dir string) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
@@ -183,8 +195,10 @@ func runsSandbox(pid int, dir string) bool {
 	}
 	args := strings.Split(string(bytes.TrimRight(data, "\x00")), "\x00")
 	for i, a := range args {
-		if a == "--sandbox="+dir || (a == "--sandbox" && i+1 < len(args) && args[i+1] == dir) {
-			return true
+		for _, flag := range []string{sandboxFlag, poolFlag} {
+			if a == flag+"="+dir || (a == flag && i+1 < len(args) && args[i+1] == dir) {
+				return true
+			}
 		}
 	}
 	return false

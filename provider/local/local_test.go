@@ -152,6 +152,8 @@ func TestValidate(t *testing.T) {
 		{"good with a disk", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","diskSize":"40Gi"}}`, ""},
 		{"bad disk size", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","diskSize":"40Gx"}}`, "spec.diskSize"},
 		{"zero disk size", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","diskSize":0}}`, "spec.diskSize"},
+		{"pooled agent", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","agent":"Pooled"}}`, ""},
+		{"unknown agent mode", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","agent":"Shared"}}`, "spec.agent"},
 		{"wrong kind", `{"apiVersion":"local.marina.dev/v1alpha1","kind":"GCEMachine","spec":{"cpu":2,"memory":"4Gi"}}`, "kind"},
 		{"wrong version", `{"apiVersion":"local.marina.dev/v1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi"}}`, "apiVersion"},
 	} {

@@ -158,6 +158,9 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 	if err != nil {
 		return nil, err
 	}
+	if m.Spec.Agent == AgentPooled && req.Bootstrap.ControlPlane != nil {
+		return nil, &provider.InvalidSpecError{Field: "spec.agent", Message: "a control-plane machine runs its components under an agent process of its own: set agent to Process (or leave it out)"}
+	}
 	defer p.lock(req.UID)()
 
 	dir := p.sandboxDir(req.UID)
@@ -171,12 +174,18 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 		return nil, err
 	}
 
+	poolDir, err := poolOf(dir)
+	if err != nil {
+		return nil, err
+	}
 	running, err := sandbox.Held(dir)
 	if err != nil {
 		return nil, err
 	}
 	if running {
-		p.repairPIDFile(dir)
+		if poolDir == "" {
+			p.repairPIDFile(dir)
+		}
 		return instance(boot, provider.InstanceRunning), nil
 	}
 	if req.Bootstrap.Token != "" && credentialsChanged(boot, req.Bootstrap) {
@@ -185,7 +194,12 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 			return nil, fmt.Errorf("refreshing the bootstrap of machine %s/%s: %w", req.Namespace, req.Name, err)
 		}
 	}
-	if err := p.startAgent(ctx, dir); err != nil {
+	if poolDir != "" {
+		err = p.startMember(ctx, req.UID, dir, poolDir)
+	} else {
+		err = p.startAgent(ctx, dir, sandboxFlag)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("starting the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
 	}
 	return instance(boot, provider.InstanceRunning), nil
@@ -230,7 +244,13 @@ func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
 	} else if err != nil {
 		return fmt.Errorf("deleting machine %s: %w", uid, err)
 	}
-	if err := p.stopAgent(ctx, dir); err != nil {
+	poolDir, err := poolOf(dir)
+	if err == nil && poolDir != "" {
+		err = p.stopMember(ctx, uid, dir, poolDir)
+	} else if err == nil {
+		err = p.stopAgent(ctx, dir)
+	}
+	if err != nil {
 		return fmt.Errorf("deleting machine %s: %w", uid, err)
 	}
 	// A rename is atomic: a crash leaves either the whole sandbox (and the

@@ -65,6 +65,12 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 			return nil, err
 		}
 	}
+	if m.Spec.Agent == AgentPooled {
+		if err := files.WriteAtomic(filepath.Join(tmp, PoolFile), []byte(p.poolDirFor(req)+"\n"), 0o600); err != nil {
+			_ = os.RemoveAll(tmp)
+			return nil, err
+		}
+	}
 	if kc := req.KubeletConfig; kc != nil {
 		b.KubeletConfigName = kc.Name
 		if err := files.WriteAtomic(filepath.Join(tmp, sandbox.KubeletConfigFile), kc.Data, 0o600); err != nil {

@@ -59,10 +59,23 @@ type LocalMachineSpec struct {
 	// DiskSize is the Node's ephemeral-storage capacity, e.g. 40Gi; the
 	// Node reports none when unset.
 	DiskSize *resource.Quantity `json:"diskSize,omitempty"`
+	// Agent says how the machine's agent runs: Process (the default), one
+	// process of its own; or Pooled, a member of its cluster's pool, one
+	// process running the agents of many workers (docs/providers.md).
+	// Control-plane machines run as processes only.
+	Agent AgentMode `json:"agent,omitempty"`
 }
 
+// AgentMode is how a local machine's agent runs.
+type AgentMode string
+
+const (
+	AgentProcess AgentMode = "Process"
+	AgentPooled  AgentMode = "Pooled"
+)
+
 // specFields are the fields of spec, in the order errors report them.
-var specFields = []string{"cpu", "memory", "pods", "gpus", "diskSize"}
+var specFields = []string{"cpu", "memory", "pods", "gpus", "diskSize", "agent"}
 
 // Decode decodes and checks a LocalMachine blob (JSON), filling in
 // defaults. Every problem the user must fix is a *provider.InvalidSpecError
@@ -107,7 +120,7 @@ func Decode(raw []byte) (*LocalMachine, error) {
 		return nil, &provider.InvalidSpecError{Field: "spec." + unknown[0], Message: fmt.Sprintf("unknown field; a LocalMachine spec has %s", strings.Join(specFields, ", "))}
 	}
 
-	m := &LocalMachine{TypeMeta: tm, Metadata: shape.Metadata, Spec: LocalMachineSpec{Pods: DefaultPods}}
+	m := &LocalMachine{TypeMeta: tm, Metadata: shape.Metadata, Spec: LocalMachineSpec{Pods: DefaultPods, Agent: AgentProcess}}
 	var errs []error
 	if m.Spec.CPU, err = positiveQuantity(shape.Spec, "cpu", "2 or 500m"); err != nil {
 		errs = append(errs, err)
@@ -131,6 +144,11 @@ func Decode(raw []byte) (*LocalMachine, error) {
 			errs = append(errs, err)
 		} else {
 			m.Spec.DiskSize = &q
+		}
+	}
+	if v, ok := shape.Spec["agent"]; ok {
+		if err := json.Unmarshal(v, &m.Spec.Agent); err != nil || (m.Spec.Agent != AgentProcess && m.Spec.Agent != AgentPooled) {
+			errs = append(errs, &provider.InvalidSpecError{Field: "spec.agent", Message: fmt.Sprintf("must be %s or %s, not %s", AgentProcess, AgentPooled, v)})
 		}
 	}
 	if len(errs) > 0 {
