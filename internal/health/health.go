@@ -23,6 +23,13 @@ type Spec struct {
 	// MaxUnhealthy is a number of machines or a percentage ("40%") of the
 	// selected machines; nil means 100%.
 	MaxUnhealthy *intstr.IntOrString
+	// Resumed is when remediation was last allowed again after it had
+	// stopped (a short-circuit, an unreachable cluster); zero when it never
+	// stopped. What stopped it, a network partition say, also made the
+	// Nodes' conditions: as it heals, Nodes come back one by one, and a
+	// machine whose Node has not yet is not remediated until its condition
+	// has also held for its timeout past Resumed.
+	Resumed time.Time
 }
 
 // Condition is a Node condition that, held for Timeout, makes a machine
@@ -92,6 +99,10 @@ type Verdict struct {
 	// HealthCheckSucceeded reason and a sentence); empty when healthy.
 	Reason, Message string
 	Action          Action
+	// HoldUntil, for a machine unhealthy by a Node condition older than
+	// Spec.Resumed, is when its timeout past Resumed ends: it counts as
+	// unhealthy, but is not remediated before then.
+	HoldUntil time.Time
 }
 
 // Plan is the decision for one MachineHealthCheck.
@@ -151,6 +162,12 @@ func Decide(spec Spec, machines []Machine, now time.Time) (Plan, error) {
 		case v.Healthy || m.Deleting:
 			// A machine being deleted is not remediated again: it is
 			// already on its way out, and its set has counted it.
+		case now.Before(v.HoldUntil):
+			v.Message += fmt.Sprintf("; remediation resumed at %s after it had stopped, so it waits until %s for the Node to come back",
+				spec.Resumed.UTC().Format(time.RFC3339), v.HoldUntil.UTC().Format(time.RFC3339))
+			if plan.RequeueAt.IsZero() || v.HoldUntil.Before(plan.RequeueAt) {
+				plan.RequeueAt = v.HoldUntil
+			}
 		case m.ControlPlane:
 			// Marked for its control plane, which replaces it when etcd
 			// keeps a quorum without it, one machine at a time.
@@ -208,6 +225,9 @@ func judge(spec Spec, m *Machine, now time.Time) (Verdict, time.Time) {
 		since := nc.LastTransitionTime.Time
 		deadline := since.Add(c.Timeout)
 		if !now.Before(deadline) {
+			if since.Before(spec.Resumed) {
+				v.HoldUntil = spec.Resumed.Add(c.Timeout)
+			}
 			return unhealthy(clusterv1.MachineUnhealthyNodeConditionReason,
 				"Node %s has had %s=%s for %s, longer than the timeout (%s)",
 				m.Node.Name, c.Type, c.Status, now.Sub(since).Round(time.Second), c.Timeout)

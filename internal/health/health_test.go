@@ -66,6 +66,7 @@ func TestDecide(t *testing.T) {
 		allowed      bool
 		remAllowed   int
 		requeueAfter time.Duration // from now; 0: no requeue
+		resumedAgo   time.Duration // Spec.Resumed, before now; 0: never stopped
 	}{
 		{
 			name:     "all healthy",
@@ -218,6 +219,31 @@ func TestDecide(t *testing.T) {
 			healthy: 1, allowed: false, remAllowed: 0,
 		},
 		{
+			// A storm subsiding: Nodes come back one by one, and one not yet
+			// back when remediation resumes is not taken for dead.
+			name:     "remediation resumed a minute ago: an older condition waits its timeout past the resumption",
+			max:      pct("40%"),
+			machines: []Machine{with(worker("a"), dead), worker("b"), worker("c"), worker("d"), worker("e")},
+			want:     []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason, action: None, message: "waits until"}, {}, {}, {}, {}},
+			healthy:  4, allowed: true, remAllowed: 1,
+			resumedAgo: time.Minute, requeueAfter: 4 * time.Minute,
+		},
+		{
+			name:     "held its timeout past the resumption: remediated",
+			max:      pct("40%"),
+			machines: []Machine{with(worker("a"), dead), worker("b"), worker("c"), worker("d"), worker("e")},
+			want:     []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason, action: Remediate}, {}, {}, {}, {}},
+			healthy:  4, allowed: true, remAllowed: 1,
+			resumedAgo: 5 * time.Minute,
+		},
+		{
+			name:     "a condition that began after the resumption counts from itself",
+			machines: []Machine{with(worker("a"), dead), worker("b")},
+			want:     []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason, action: Remediate}, {}},
+			healthy:  1, allowed: true, remAllowed: 1,
+			resumedAgo: 10 * time.Minute,
+		},
+		{
 			name:     "no machines selected",
 			max:      pct("40%"),
 			machines: nil,
@@ -228,6 +254,9 @@ func TestDecide(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := spec(tc.max)
+			if tc.resumedAgo > 0 {
+				s.Resumed = now.Add(-tc.resumedAgo)
+			}
 			plan, err := Decide(s, tc.machines, now)
 			if err != nil {
 				t.Fatal(err)

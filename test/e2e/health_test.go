@@ -88,11 +88,38 @@ func TestUpRemediatesADeadWorkerButNotAStorm(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 
-		for _, pid := range frozen {
-			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-				t.Errorf("continuing %d: %v", pid, err)
+		// The storm subsides: two workers come back first. Remediation may
+		// resume (4 unhealthy is within 40%), but the four still on their
+		// way back are not taken for dead: their conditions must hold the
+		// 10 s timeout past the resumption.
+		resume := func(ms []clusterv1.Machine) {
+			for _, m := range ms {
+				for _, pid := range processesUnder(filepath.Join(root, string(m.UID))) {
+					if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+						t.Errorf("continuing %d: %v", pid, err)
+					}
+				}
 			}
 		}
+		resume(workers[:2])
+		testenv.Eventually(t, time.Minute, "remediation allowed again with 8 healthy", func() error {
+			mhc := healthCheck(ctx, c)
+			if mhc == nil {
+				return fmt.Errorf("no health check")
+			}
+			if !meta.IsStatusConditionTrue(mhc.Status.Conditions, clusterv1.RemediationAllowedCondition) || mhc.Status.CurrentHealthy != 6 {
+				return fmt.Errorf("healthy %d, conditions %+v", mhc.Status.CurrentHealthy, mhc.Status.Conditions)
+			}
+			return nil
+		})
+		deadline = time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if err := sameWorkers(ctx, c, workers); err != nil {
+				t.Fatalf("as the storm subsides: %v", err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		resume(workers[2:6])
 		frozen = nil
 		healed := time.Now()
 		testenv.Eventually(t, 2*time.Minute, "all 10 healthy again", func() error { return checkCounts(ctx, c, 10, 10) })

@@ -153,6 +153,13 @@ func (r *Reconciler) decide(s *scope) {
 	for _, c := range s.mhc.Spec.UnhealthyConditions {
 		spec.Conditions = append(spec.Conditions, health.Condition{Type: c.Type, Status: c.Status, Timeout: c.Timeout.Duration})
 	}
+	// Remediation resumes on this pass if it was stopped on the last one.
+	if prev := meta.FindStatusCondition(s.mhc.Status.Conditions, clusterv1.RemediationAllowedCondition); prev != nil {
+		spec.Resumed = prev.LastTransitionTime.Time
+		if prev.Status != metav1.ConditionTrue {
+			spec.Resumed = s.now
+		}
+	}
 	s.plan, s.planErr = health.Decide(spec, s.facts, s.now)
 	s.decided = true
 	if !s.plan.RequeueAt.IsZero() {
