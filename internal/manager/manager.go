@@ -144,7 +144,9 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.
 		Providers:               registry,
 		ReportUnowned:           opts.ReportUnowned,
 		ExternalKinds:           opts.ExternalKinds,
-		MaxConcurrentReconciles: 10,
+		// Machine passes wait on providers and workload API servers, not
+		// on this process: a fleet of 1,010 machines queued behind 10.
+		MaxConcurrentReconciles: 32,
 		ControlPlaneBootstrap:   clusters.ControlPlaneBootstrap,
 	}); err != nil {
 		return err

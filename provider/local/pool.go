@@ -13,7 +13,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/provider"
@@ -49,38 +48,17 @@ func poolOf(dir string) (string, error) {
 }
 
 // startMember makes the pool run the agent of dir: it starts the pool if
-// none runs, asks for a new start of the member, and waits until the
-// member's agent holds its sandbox's lock.
+// none runs and asks for a new start of the member. It does not wait for
+// the member to come up (the pool looks at its members every 200 ms, and a
+// fleet's creates would queue behind that): the next Get says whether it
+// runs, and a member that does not come up is Stopped, as a dead agent is.
 func (p *Provider) startMember(ctx context.Context, uid types.UID, dir, poolDir string) error {
-	unlock := p.lock(types.UID(poolsDir + "/" + filepath.Base(poolDir)))
-	err := p.ensurePool(ctx, poolDir)
-	if err == nil {
-		gen := strconv.FormatInt(time.Now().UnixNano(), 10)
-		err = nodeagent.WriteMember(poolDir, string(uid), nodeagent.Member{Sandbox: dir, Generation: gen})
-	}
-	unlock()
-	if err != nil {
+	defer p.lock(types.UID(poolsDir + "/" + filepath.Base(poolDir)))()
+	if err := p.ensurePool(ctx, poolDir); err != nil {
 		return err
 	}
-	logPath := filepath.Join(dir, sandbox.LogFile)
-	deadline := time.Now().Add(p.opts.AgentStartTimeout)
-	for {
-		held, err := sandbox.Held(dir)
-		if err != nil || held {
-			return err
-		}
-		if running, err := sandbox.Held(poolDir); err == nil && !running {
-			return fmt.Errorf("the agent pool %s stopped; last lines of %s:\n%s", poolDir, filepath.Join(poolDir, sandbox.LogFile), files.Tail(filepath.Join(poolDir, sandbox.LogFile), 10))
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the pool did not start the agent within %s; last lines of %s:\n%s", p.opts.AgentStartTimeout, logPath, files.Tail(logPath, 10))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err() // the member may still come up: the next Create finds it
-		case <-time.After(25 * time.Millisecond):
-		}
-	}
+	gen := strconv.FormatInt(time.Now().UnixNano(), 10)
+	return nodeagent.WriteMember(poolDir, string(uid), nodeagent.Member{Sandbox: dir, Generation: gen})
 }
 
 // ensurePool starts the pool process of poolDir unless it runs.
@@ -96,9 +74,10 @@ func (p *Provider) ensurePool(ctx context.Context, poolDir string) error {
 }
 
 // stopMember stops the agent of a pooled sandbox: the pool ends it when its
-// member file goes. The last member out stops the pool and removes it.
+// member file goes. The last member out stops the pool and removes it. The
+// members of one pool stop in parallel: only the last step takes the
+// pool's lock.
 func (p *Provider) stopMember(ctx context.Context, uid types.UID, dir, poolDir string) error {
-	defer p.lock(types.UID(poolsDir + "/" + filepath.Base(poolDir)))()
 	if err := nodeagent.RemoveMember(poolDir, string(uid)); err != nil {
 		return fmt.Errorf("removing the member %s from pool %s: %w", uid, poolDir, err)
 	}
@@ -110,6 +89,9 @@ func (p *Provider) stopMember(ctx context.Context, uid types.UID, dir, poolDir s
 		// Killing the pool would take the other machines with it.
 		return fmt.Errorf("the pool %s did not stop the agent of %s within %s; see %s", poolDir, dir, p.opts.AgentStopTimeout, filepath.Join(poolDir, sandbox.LogFile))
 	}
+	// Whether the pool is still needed is decided under its lock, which
+	// startMember holds while it adds a member.
+	defer p.lock(types.UID(poolsDir + "/" + filepath.Base(poolDir)))()
 	members, err := nodeagent.Members(poolDir)
 	if err != nil || len(members) > 0 {
 		return err

@@ -46,8 +46,12 @@ func TestPooledWorkersShareOneProcess(t *testing.T) {
 		req.Machine.ClusterName = "pooled"
 		req.ProviderSpec = []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","agent":"Pooled"}}`)
 		req.Bootstrap = provider.Bootstrap{Server: env.Config.Host, CAData: env.Config.CAData, Token: token}
-		if _, err := p.Create(ctx, req); err != nil {
+		inst, err := p.Create(ctx, req)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if inst.State != provider.InstancePending {
+			t.Errorf("Create of a pooled machine: %s, want Pending (the pool starts it on its next look)", inst.State)
 		}
 		reqs = append(reqs, req)
 	}
@@ -107,10 +111,18 @@ func TestPooledWorkersShareOneProcess(t *testing.T) {
 		return nil
 	})
 	for _, req := range reqs[:2] {
-		if inst, err := p.Create(ctx, req); err != nil || inst.State != provider.InstanceRunning {
-			t.Fatalf("Create of %s after the pool's death: %+v, %v", req.Name, inst, err)
+		if _, err := p.Create(ctx, req); err != nil {
+			t.Fatalf("Create of %s after the pool's death: %v", req.Name, err)
 		}
 	}
+	eventually(t, 10*time.Second, "both machines running again", func() error {
+		for _, req := range reqs[:2] {
+			if inst, err := p.Get(ctx, req.UID); err != nil || inst.State != provider.InstanceRunning {
+				return fmt.Errorf("%s: %+v, %v", req.Name, inst, err)
+			}
+		}
+		return nil
+	})
 	if n := agentsOf(poolDir); n != 1 {
 		t.Errorf("%d pool processes after recovery, want 1", n)
 	}
@@ -125,8 +137,14 @@ func TestPooledWorkersShareOneProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(nodes.Items) != 3 { // pooled-2's Node stays for the machine controller to delete
-		t.Errorf("%d Nodes, want 3", len(nodes.Items))
+	pooled := 0
+	for _, n := range nodes.Items {
+		if strings.HasPrefix(n.Name, "pooled-") {
+			pooled++
+		}
+	}
+	if pooled != 3 { // pooled-2's Node stays for the machine controller to delete
+		t.Errorf("%d pooled Nodes, want 3: no duplicate after the recovery", pooled)
 	}
 	nodesReady(t, ctx, cs, "pooled-0", "pooled-1")
 

@@ -195,11 +195,12 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 		}
 	}
 	if poolDir != "" {
-		err = p.startMember(ctx, req.UID, dir, poolDir)
-	} else {
-		err = p.startAgent(ctx, dir, sandboxFlag)
+		if err := p.startMember(ctx, req.UID, dir, poolDir); err != nil {
+			return nil, fmt.Errorf("asking the pool for the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
+		}
+		return instance(boot, provider.InstancePending), nil
 	}
-	if err != nil {
+	if err := p.startAgent(ctx, dir, sandboxFlag); err != nil {
 		return nil, fmt.Errorf("starting the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
 	}
 	return instance(boot, provider.InstanceRunning), nil
@@ -259,6 +260,7 @@ func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
 	if err := os.Rename(dir, tomb); err != nil {
 		return fmt.Errorf("deleting machine %s: %w", uid, err)
 	}
+	sandboxAddresses.Delete(dir)
 	if err := files.SyncDir(p.root); err != nil {
 		return fmt.Errorf("deleting machine %s: %w", uid, err)
 	}
@@ -317,10 +319,19 @@ func (p *Provider) DeleteAll(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, uid := range uids {
-		errs = append(errs, p.Delete(ctx, uid))
+	// In parallel: a pooled machine's Delete mostly waits for its pool to
+	// notice, and a fleet has a thousand of them.
+	errs := make([]error, len(uids))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for i, uid := range uids {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = p.Delete(ctx, uid)
+		})
 	}
+	wg.Wait()
 	endpoints, err := p.EndpointUIDs()
 	errs = append(errs, err)
 	for _, uid := range endpoints {

@@ -1,0 +1,281 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/testenv"
+)
+
+var (
+	fleetClusters = flag.Int("clusters", 10, "clusters BenchmarkFleet makes")
+	fleetAgent    = flag.String("agent", "Pooled", "how BenchmarkFleet's workers run: Pooled (one process per cluster) or Process (one per worker)")
+)
+
+// BenchmarkFleet (issue: scale) makes -clusters clusters of -control-planes
+// real control-plane machines (etcd, kube-apiserver, kube-controller-manager
+// and kube-scheduler processes each) and a MachineDeployment of -workers
+// workers each, through a `marina controller` process on a management
+// plane of its own, and prints: the time from the first apply until every
+// Machine is Running with its Node Ready in its own cluster (and the
+// median machine), the management API's writes per machine and its 409s,
+// marina's peak RSS and CPU, and the summed peak RSS and CPU of the agent
+// processes, the control-plane processes and the endpoints.
+//
+//	go test -run '^$' -bench BenchmarkFleet -benchtime 1x -timeout 60m ./bench/ -args -clusters=10 -control-planes=1 -workers=100
+func BenchmarkFleet(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		runFleet(b, *fleetClusters, *controlPlanes, *workers)
+	}
+}
+
+func runFleet(b *testing.B, clusters, cps, workersEach int) {
+	ctx := context.Background()
+	tmp := b.TempDir()
+	marina, err := testenv.BuildMarina(tmp)
+	must(b, err)
+	binDir, err := testenv.BinDir()
+	must(b, err)
+	mgmt, err := testenv.Start()
+	must(b, err)
+	defer mgmt.Stop()
+	root := filepath.Join(tmp, "machines")
+	kubeconfig := filepath.Join(tmp, "mgmt.kubeconfig")
+	must(b, os.WriteFile(kubeconfig, mgmt.Kubeconfig, 0o600))
+	ctl := exec.Command(marina, "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
+		"--local-provider-dir", root, "--bin-dir", binDir, "--metrics-bind-address=0", "--health-probe-bind-address=0", "--webhook-port=0")
+	logFile, err := os.Create(filepath.Join(tmp, "controller.log"))
+	must(b, err)
+	defer logFile.Close()
+	ctl.Stdout, ctl.Stderr = logFile, logFile
+	ctl.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must(b, ctl.Start())
+	defer func() {
+		// The controller first: running, it would make the endpoints
+		// cleanupSandboxes removes again.
+		_ = ctl.Process.Signal(syscall.SIGTERM)
+		_ = ctl.Wait()
+		cleanupSandboxes(b, marina, root)
+	}()
+
+	cs := kubernetes.NewForConfigOrDie(mgmt.Config)
+	writesBefore, conflictsBefore := apiWritesAndConflicts(b, cs)
+	byResourceBefore := writesByResource(b, cs)
+	start := time.Now()
+	for c := range clusters {
+		name := fmt.Sprintf("fleet-%02d", c)
+		must(b, mgmt.Client.Create(ctx, benchCluster(name, cps)))
+		md := benchWorkers(name, workersEach)
+		md.Spec.Template.Spec.ProviderSpec = &runtime.RawExtension{Raw: fmt.Appendf(nil,
+			`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","agent":%q}}`, *fleetAgent)}
+		must(b, mgmt.Client.Create(ctx, md))
+	}
+	total := clusters * (cps + workersEach)
+
+	readyAt := map[string]time.Duration{}
+	deadline := time.Now().Add(30 * time.Minute)
+	for len(readyAt) < total {
+		if time.Now().After(deadline) {
+			b.Fatalf("only %d of %d machines Running with a Ready Node after %s; controller log: %s", len(readyAt), total, time.Since(start), logFile.Name())
+		}
+		var list clusterv1.MachineList
+		must(b, mgmt.Client.List(ctx, &list))
+		for i := range list.Items {
+			m := &list.Items[i]
+			if _, seen := readyAt[m.Name]; seen {
+				continue
+			}
+			if m.Status.Phase == clusterv1.MachinePhaseRunning && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineNodeReadyCondition) {
+				readyAt[m.Name] = time.Since(start)
+			}
+		}
+		time.Sleep(250 * time.Millisecond) // a poll interval, not a wait for a result
+	}
+	all := time.Since(start)
+	testenv.Eventually(b, 2*time.Minute, "every cluster Ready", func() error {
+		var list clusterv1.ClusterList
+		if err := mgmt.Client.List(ctx, &list); err != nil {
+			return err
+		}
+		for _, cl := range list.Items {
+			if !meta.IsStatusConditionTrue(cl.Status.Conditions, clusterv1.ReadyCondition) {
+				return fmt.Errorf("cluster %s not Ready", cl.Name)
+			}
+		}
+		return nil
+	})
+	// Let the last status writes land before counting.
+	settle := apiWrites(b, cs)
+	for range 20 {
+		time.Sleep(250 * time.Millisecond)
+		now := apiWrites(b, cs)
+		if now == settle {
+			break
+		}
+		settle = now
+	}
+	writesAfter, conflictsAfter := apiWritesAndConflicts(b, cs)
+	writes, conflicts := writesAfter-writesBefore, conflictsAfter-conflictsBefore
+	byResource := writesByResource(b, cs)
+	for k, v := range byResourceBefore {
+		byResource[k] -= v
+	}
+
+	durations := make([]time.Duration, 0, len(readyAt))
+	for _, d := range readyAt {
+		durations = append(durations, d)
+	}
+	sort.Slice(durations, func(i, j int) bool { return durations[i] < durations[j] })
+	groups := processGroups(root)
+	marinaRSS := float64(vmHWM(b, ctl.Process.Pid)) / 1024
+	marinaCPU := cpuSeconds(ctl.Process.Pid)
+
+	fmt.Printf("shape:                            %d × (%d control plane + %d workers) = %d machines, workers %s\n", clusters, cps, workersEach, total, *fleetAgent)
+	fmt.Printf("all Running with Ready Nodes in:  %s (%.1f machines/s)\n", all.Round(time.Millisecond), float64(total)/all.Seconds())
+	fmt.Printf("median machine:                   %s\n", durations[len(durations)/2].Round(time.Millisecond))
+	fmt.Printf("management API writes:            %.0f, %.2f per machine; 409 conflicts: %.0f\n", writes, writes/float64(total), conflicts)
+	fmt.Printf("  by resource and verb:           %s\n", largestFirst(byResource))
+	fmt.Printf("marina controller:                peak RSS %.0f MiB, CPU %.1f s\n", marinaRSS, marinaCPU)
+	for _, g := range []string{"agents", "control planes", "endpoints"} {
+		fmt.Printf("%-34s%d processes, summed peak RSS %.0f MiB, CPU %.1f s\n", g+":", groups[g].n, groups[g].peakMiB, groups[g].cpu)
+	}
+	b.ReportMetric(all.Seconds(), "s/all-ready")
+	b.ReportMetric(writes/float64(total), "writes/machine")
+	b.ReportMetric(marinaRSS, "MiB-marina-peak")
+	b.ReportMetric(groups["agents"].peakMiB, "MiB-agents-peak")
+}
+
+type processGroup struct {
+	n            int
+	peakMiB, cpu float64
+}
+
+// processGroups sums, over the live processes under root, the peak RSS and
+// CPU time of the node agents (pools and single agents), the control-plane
+// components and the endpoints' balancers.
+func processGroups(root string) map[string]processGroup {
+	out := map[string]processGroup{}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(data, []byte(root)) {
+			continue
+		}
+		var group string
+		switch {
+		case bytes.Contains(data, []byte("node-agent")):
+			group = "agents"
+		case bytes.Contains(data, []byte("load-balancer")):
+			group = "endpoints"
+		default:
+			group = "control planes"
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		g := out[group]
+		g.n++
+		g.peakMiB += float64(statusKB(pid, "VmHWM:")) / 1024
+		g.cpu += cpuSeconds(pid)
+		out[group] = g
+	}
+	return out
+}
+
+// statusKB reads a "kB" field of /proc/<pid>/status; 0 when gone.
+func statusKB(pid int, field string) int {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), field); ok {
+			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			return kb
+		}
+	}
+	return 0
+}
+
+// cpuSeconds is a process's user and system CPU time; 0 when gone.
+func cpuSeconds(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command (in parentheses, which may hold spaces).
+	s := string(data)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, _ := strconv.ParseFloat(fields[11], 64)
+	stime, _ := strconv.ParseFloat(fields[12], 64)
+	return (utime + stime) / 100 // clock ticks (USER_HZ)
+}
+
+// writesByResource counts the management API's writes by verb and
+// resource (with its subresource).
+func writesByResource(b *testing.B, cs kubernetes.Interface) map[string]float64 {
+	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	must(b, err)
+	counts := map[string]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		verb, resource, sub := label(line, "verb"), label(line, "resource"), label(line, "subresource")
+		if verb != "POST" && verb != "PUT" && verb != "PATCH" && verb != "DELETE" {
+			continue
+		}
+		if sub != "" {
+			resource += "/" + sub
+		}
+		f := strings.Fields(line)
+		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+		counts[verb+" "+resource] += v
+	}
+	return counts
+}
+
+// largestFirst prints counts, largest first, leaving out zeros.
+func largestFirst(counts map[string]float64) string {
+	keys := make([]string, 0, len(counts))
+	for k, v := range counts {
+		if v != 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] })
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.0f", k, counts[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func label(line, name string) string {
+	_, rest, ok := strings.Cut(line, name+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
+}
