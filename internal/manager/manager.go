@@ -141,9 +141,9 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.
 		return err
 	}
 	if _, err := machine.SetupWithManager(ctx, mgr, machine.Options{
-		Providers:               registry,
-		ReportUnowned:           opts.ReportUnowned,
-		ExternalKinds:           opts.ExternalKinds,
+		Providers:     registry,
+		ReportUnowned: opts.ReportUnowned,
+		ExternalKinds: opts.ExternalKinds,
 		// Machine passes wait on providers and workload API servers, not
 		// on this process: a fleet of 1,010 machines queued behind 10.
 		MaxConcurrentReconciles: 32,
