@@ -77,7 +77,7 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 
 	cs := kubernetes.NewForConfigOrDie(mgmt.Config)
 	writesBefore, conflictsBefore := apiWritesAndConflicts(b, cs)
-	byResourceBefore := writesByResource(b, cs)
+	byResourceBefore := writesByKind(b, cs)
 	start := time.Now()
 	for c := range clusters {
 		name := fmt.Sprintf("fleet-%02d", c)
@@ -89,29 +89,7 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 	}
 	total := clusters * (cps + workersEach)
 
-	readyAt := map[string]time.Duration{}
-	deadline := time.Now().Add(30 * time.Minute)
-	for len(readyAt) < total {
-		if time.Now().After(deadline) {
-			b.Fatalf("only %d of %d machines Running with a Ready Node after %s; controller log: %s", len(readyAt), total, time.Since(start), logFile.Name())
-		}
-		var list clusterv1.MachineList
-		if err := mgmt.Client.List(ctx, &list); err != nil {
-			// A loaded management API server may time out a list: look
-			// again, the deadline above bounds the wait.
-			fmt.Printf("listing machines: %v\n", err)
-		}
-		for i := range list.Items {
-			m := &list.Items[i]
-			if _, seen := readyAt[m.Name]; seen {
-				continue
-			}
-			if m.Status.Phase == clusterv1.MachinePhaseRunning && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineNodeReadyCondition) {
-				readyAt[m.Name] = time.Since(start)
-			}
-		}
-		time.Sleep(250 * time.Millisecond) // a poll interval, not a wait for a result
-	}
+	readyAt := waitRunning(b, mgmt.Client, total, start, 30*time.Minute, logFile.Name())
 	all := time.Since(start)
 	testenv.Eventually(b, 2*time.Minute, "every cluster Ready", func() error {
 		var list clusterv1.ClusterList
@@ -125,19 +103,10 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 		}
 		return nil
 	})
-	// Let the last status writes land before counting.
-	settle := apiWrites(b, cs)
-	for range 20 {
-		time.Sleep(250 * time.Millisecond)
-		now := apiWrites(b, cs)
-		if now == settle {
-			break
-		}
-		settle = now
-	}
+	settleWrites(b, cs)
 	writesAfter, conflictsAfter := apiWritesAndConflicts(b, cs)
 	writes, conflicts := writesAfter-writesBefore, conflictsAfter-conflictsBefore
-	byResource := writesByResource(b, cs)
+	byResource := writesByKind(b, cs)
 	for k, v := range byResourceBefore {
 		byResource[k] -= v
 	}
@@ -232,33 +201,6 @@ func cpuSeconds(pid int) float64 {
 	return (utime + stime) / 100 // clock ticks (USER_HZ)
 }
 
-// writesByResource counts the management API's writes by verb and
-// resource (with its subresource).
-func writesByResource(b *testing.B, cs kubernetes.Interface) map[string]float64 {
-	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-	must(b, err)
-	counts := map[string]float64{}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "apiserver_request_total{") {
-			continue
-		}
-		verb, resource, sub := label(line, "verb"), label(line, "resource"), label(line, "subresource")
-		if verb != "POST" && verb != "PUT" && verb != "PATCH" && verb != "DELETE" {
-			continue
-		}
-		if sub != "" {
-			resource += "/" + sub
-		}
-		f := strings.Fields(line)
-		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-		counts[verb+" "+resource] += v
-	}
-	return counts
-}
-
 // largestFirst prints counts, largest first, leaving out zeros.
 func largestFirst(counts map[string]float64) string {
 	keys := make([]string, 0, len(counts))
@@ -273,13 +215,4 @@ func largestFirst(counts map[string]float64) string {
 		parts = append(parts, fmt.Sprintf("%s %.0f", k, counts[k]))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func label(line, name string) string {
-	_, rest, ok := strings.Cut(line, name+`="`)
-	if !ok {
-		return ""
-	}
-	v, _, _ := strings.Cut(rest, `"`)
-	return v
 }

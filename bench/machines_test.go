@@ -57,36 +57,9 @@ func runProvision(b *testing.B, n int) {
 	}
 	created := time.Since(start)
 
-	readyAt := map[string]time.Duration{}
-	deadline := time.Now().Add(time.Duration(n)*2*time.Second + 2*time.Minute)
-	for len(readyAt) < n {
-		if time.Now().After(deadline) {
-			b.Fatalf("only %d of %d machines ready after %s; controller log: %s", len(readyAt), n, time.Since(start), logFile.Name())
-		}
-		list := &clusterv1.MachineList{}
-		must(b, mgmt.Client.List(ctx, list, client.InNamespace(ns)))
-		for i := range list.Items {
-			m := &list.Items[i]
-			if _, seen := readyAt[m.Name]; seen {
-				continue
-			}
-			if m.Status.Phase == clusterv1.MachinePhaseRunning && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineNodeReadyCondition) {
-				readyAt[m.Name] = time.Since(start)
-			}
-		}
-		time.Sleep(250 * time.Millisecond) // a poll interval, not a wait for a result
-	}
+	readyAt := waitRunning(b, mgmt.Client, n, start, time.Duration(n)*2*time.Second+2*time.Minute, logFile.Name(), client.InNamespace(ns))
 	all := time.Since(start)
-	// Let the last status writes land before counting.
-	settle := apiWrites(b, cs)
-	for i := 0; i < 20; i++ {
-		time.Sleep(250 * time.Millisecond)
-		now := apiWrites(b, cs)
-		if now == settle {
-			break
-		}
-		settle = now
-	}
+	settleWrites(b, cs)
 	writesAfter, conflictsAfter := apiWritesAndConflicts(b, cs)
 	writes, conflicts := writesAfter-writesBefore, conflictsAfter-conflictsBefore
 	peakRSS := vmHWM(b, ctl.Process.Pid)
@@ -109,6 +82,34 @@ func runProvision(b *testing.B, n int) {
 	b.ReportMetric(median.Seconds(), "s/median-ready")
 	b.ReportMetric(writes/float64(n), "writes/machine")
 	b.ReportMetric(float64(peakRSS)/1024, "MiB-peak-rss")
+}
+
+// waitRunning waits until want Machines are Running with their Node Ready,
+// and returns when each got there, from start, by name. A list the loaded
+// API server times out is tried again; timeout bounds the whole wait.
+func waitRunning(b *testing.B, c client.Client, want int, start time.Time, timeout time.Duration, log string, opts ...client.ListOption) map[string]time.Duration {
+	readyAt := map[string]time.Duration{}
+	deadline := start.Add(timeout)
+	for len(readyAt) < want {
+		if time.Now().After(deadline) {
+			b.Fatalf("only %d of %d machines Running with a Ready Node after %s; controller log: %s", len(readyAt), want, time.Since(start), log)
+		}
+		var list clusterv1.MachineList
+		if err := c.List(context.Background(), &list, opts...); err != nil {
+			fmt.Printf("listing machines: %v\n", err)
+		}
+		for i := range list.Items {
+			m := &list.Items[i]
+			if _, seen := readyAt[m.Name]; seen {
+				continue
+			}
+			if m.Status.Phase == clusterv1.MachinePhaseRunning && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineNodeReadyCondition) {
+				readyAt[m.Name] = time.Since(start)
+			}
+		}
+		time.Sleep(250 * time.Millisecond) // a poll interval, not a wait for a result
+	}
+	return readyAt
 }
 
 // apiWrites sums apiserver_request_total over write verbs, whatever the

@@ -128,6 +128,25 @@ func agentsOf(dir string) int {
 	return n
 }
 
+// joinToken starts the package's API server and returns it, a client of
+// it, and a token with which agents join it.
+func joinToken(t *testing.T) (*testenv.Env, kubernetes.Interface, string) {
+	t.Helper()
+	env := apiServer(t)
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeagent.EnsureIdentity(t.Context(), cs); err != nil {
+		t.Fatal(err)
+	}
+	token, err := nodeagent.IssueToken(t.Context(), cs, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, cs, token
+}
+
 // eventually waits for cond; see testenv.Eventually.
 var eventually = testenv.Eventually
 
@@ -443,18 +462,7 @@ func TestSecondAgentForASandboxExits(t *testing.T) {
 
 func TestMachineJoinsItsCluster(t *testing.T) {
 	ctx := t.Context()
-	env := apiServer(t)
-	cs, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nodeagent.EnsureIdentity(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	token, err := nodeagent.IssueToken(ctx, cs, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, cs, token := joinToken(t)
 	p := newProvider(t)
 	req := request("joiner")
 	req.Bootstrap = provider.Bootstrap{Server: env.Config.Host, CAData: env.Config.CAData, Token: token}

@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/provider"
 )
@@ -27,18 +26,7 @@ import (
 // last one deleted takes the pool away.
 func TestPooledWorkersShareOneProcess(t *testing.T) {
 	ctx := t.Context()
-	env := apiServer(t)
-	cs, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nodeagent.EnsureIdentity(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	token, err := nodeagent.IssueToken(ctx, cs, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, cs, token := joinToken(t)
 	p := newProvider(t)
 	var reqs []*provider.Request
 	for i := range 3 {
