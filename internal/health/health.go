@@ -23,9 +23,9 @@ type Spec struct {
 	// MaxUnhealthy is a number of machines or a percentage ("40%") of the
 	// selected machines; nil means 100%.
 	MaxUnhealthy *intstr.IntOrString
-	// Resumed is when remediation was last allowed again after it had
-	// stopped (a short-circuit, an unreachable cluster); zero when it never
-	// stopped. What stopped it, a network partition say, also made the
+	// Resumed is when remediation was last allowed: again after it had
+	// stopped (a short-circuit, an unreachable cluster), or first, when the
+	// check was made; zero for none. What stopped it, a network partition say, also made the
 	// Nodes' conditions: as it heals, Nodes come back one by one, and a
 	// machine whose Node has not yet is not remediated until its condition
 	// has also held for its timeout past Resumed.

@@ -99,9 +99,8 @@ func policyBound(ctx context.Context, c client.Client) error {
 
 const deploymentName = "marina-controller"
 
-// deploymentAvailable: the rollout of the applied spec has finished and at
-// least one replica is available, so a re-run that changed the image waits
-// for the new one.
+// deploymentAvailable: the rollout of the applied spec has finished, so a
+// re-run that changed the image waits for the new replicas, not the old.
 func deploymentAvailable(ctx context.Context, c client.Client) error {
 	d := &appsv1.Deployment{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: Namespace, Name: deploymentName}, d); err != nil {
@@ -112,9 +111,11 @@ func deploymentAvailable(ctx context.Context, c client.Client) error {
 		want = *d.Spec.Replicas
 	}
 	s := d.Status
-	if s.ObservedGeneration < d.Generation || s.UpdatedReplicas < want || s.AvailableReplicas < 1 {
-		return fmt.Errorf("Deployment %s/%s: %d of %d replicas updated, %d available (kubectl -n %s describe deployment %s)",
-			Namespace, deploymentName, s.UpdatedReplicas, want, s.AvailableReplicas, Namespace, deploymentName)
+	// kubectl rollout status's rules: every replica is of the applied spec,
+	// none of an older one is left, and all of them are available.
+	if s.ObservedGeneration < d.Generation || s.UpdatedReplicas < want || s.Replicas > s.UpdatedReplicas || s.AvailableReplicas < s.UpdatedReplicas {
+		return fmt.Errorf("Deployment %s/%s: %d of %d replicas updated, %d available, %d in all (kubectl -n %s describe deployment %s)",
+			Namespace, deploymentName, s.UpdatedReplicas, want, s.AvailableReplicas, s.Replicas, Namespace, deploymentName)
 	}
 	return nil
 }

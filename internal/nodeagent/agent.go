@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -90,7 +91,7 @@ func run(ctx context.Context, dir string, t timing) error {
 	log := klog.FromContext(ctx).WithValues("node", b.NodeName)
 	ctx, cancel := context.WithCancel(klog.NewContext(ctx, log))
 	defer cancel()
-	a := &agent{boot: b, dir: dir, stop: cancel, t: t, log: log, kubeletConfig: kubeletConfig}
+	a := &agent{boot: b, dir: dir, stop: cancel, t: t, log: log, kubeletConfig: kubeletConfig, bootID: string(uuid.NewUUID())}
 	a.kubelet.set(b.KubeletVersion)
 	if cpConfig != nil {
 		if a.cp, a.cs, err = startControlPlane(ctx, dir, b, cpConfig); err != nil {
@@ -158,9 +159,12 @@ type agent struct {
 	// kubelet's defaults.
 	kubeletConfig *kubeletconfig.Config
 	dir           string
-	stop          context.CancelFunc
-	t             timing
-	log           klog.Logger
+	// bootID changes with every start of the agent, as a host's does at
+	// boot: per agent, not per process, as a pool runs many.
+	bootID string
+	stop   context.CancelFunc
+	t      timing
+	log    klog.Logger
 }
 
 // sandboxGone stops the agent if its sandbox was removed under it (a

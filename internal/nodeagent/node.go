@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -45,9 +44,6 @@ type nodeRef struct {
 	Name string
 	UID  types.UID
 }
-
-// bootID changes with every start of the agent, as a host's does at boot.
-var bootID = string(uuid.NewUUID())
 
 // register creates the Node or, if it exists (a restarted agent), makes its
 // identity match the bootstrap, then posts its full status.
@@ -244,7 +240,7 @@ func (a *agent) status(cur *corev1.Node) statusPatch {
 			{Type: corev1.NodeHostName, Address: a.boot.NodeName},
 		},
 		NodeInfo: corev1.NodeSystemInfo{
-			BootID:                  bootID,
+			BootID:                  a.bootID,
 			KernelVersion:           simulatedKernel,
 			OSImage:                 simulatedOSImage,
 			ContainerRuntimeVersion: runtimeVersion,

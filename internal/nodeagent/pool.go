@@ -31,8 +31,9 @@ const (
 	// PoolMembersDir, in the pool's directory, holds one file per member,
 	// named by the machine's UID: MemberFile's content.
 	PoolMembersDir = "members"
-	// poolScan is how often the pool looks at its members.
-	poolScan = 200 * time.Millisecond
+	// poolScan is how often the pool looks at its members; a Create waits
+	// for the next look.
+	poolScan = 100 * time.Millisecond
 )
 
 // Member is what a member file holds: the member's sandbox, and the

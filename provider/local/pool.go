@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/provider"
@@ -48,17 +49,40 @@ func poolOf(dir string) (string, error) {
 }
 
 // startMember makes the pool run the agent of dir: it starts the pool if
-// none runs and asks for a new start of the member. It does not wait for
-// the member to come up (the pool looks at its members every 200 ms, and a
-// fleet's creates would queue behind that): the next Get says whether it
-// runs, and a member that does not come up is Stopped, as a dead agent is.
+// none runs, asks for a new start of the member, and waits until the
+// member's agent holds its sandbox's lock, as startAgent waits for an agent
+// process: a member that cannot start is an error Create returns, and the
+// machine controller tries again.
 func (p *Provider) startMember(ctx context.Context, uid types.UID, dir, poolDir string) error {
-	defer p.lock(types.UID(poolsDir + "/" + filepath.Base(poolDir)))()
-	if err := p.ensurePool(ctx, poolDir); err != nil {
+	unlock := p.lock(types.UID(poolsDir + "/" + filepath.Base(poolDir)))
+	err := p.ensurePool(ctx, poolDir)
+	if err == nil {
+		gen := strconv.FormatInt(time.Now().UnixNano(), 10)
+		err = nodeagent.WriteMember(poolDir, string(uid), nodeagent.Member{Sandbox: dir, Generation: gen})
+	}
+	unlock()
+	if err != nil {
 		return err
 	}
-	gen := strconv.FormatInt(time.Now().UnixNano(), 10)
-	return nodeagent.WriteMember(poolDir, string(uid), nodeagent.Member{Sandbox: dir, Generation: gen})
+	logPath := filepath.Join(dir, sandbox.LogFile)
+	deadline := time.Now().Add(p.opts.AgentStartTimeout)
+	for {
+		held, err := sandbox.Held(dir)
+		if err != nil || held {
+			return err
+		}
+		if running, err := sandbox.Held(poolDir); err == nil && !running {
+			return fmt.Errorf("the agent pool %s stopped; last lines of %s:\n%s", poolDir, filepath.Join(poolDir, sandbox.LogFile), files.Tail(filepath.Join(poolDir, sandbox.LogFile), 10))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the pool did not start the agent within %s; last lines of %s:\n%s", p.opts.AgentStartTimeout, logPath, files.Tail(logPath, 10))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err() // the member may still come up: the next Create finds it
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
 }
 
 // ensurePool starts the pool process of poolDir unless it runs.

@@ -38,8 +38,8 @@ func TestPooledWorkersShareOneProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if inst.State != provider.InstancePending {
-			t.Errorf("Create of a pooled machine: %s, want Pending (the pool starts it on its next look)", inst.State)
+		if inst.State != provider.InstanceRunning {
+			t.Errorf("Create of a pooled machine: %s, want Running (it waits for the member's lock)", inst.State)
 		}
 		reqs = append(reqs, req)
 	}

@@ -195,12 +195,11 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 		}
 	}
 	if poolDir != "" {
-		if err := p.startMember(ctx, req.UID, dir, poolDir); err != nil {
-			return nil, fmt.Errorf("asking the pool for the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
-		}
-		return instance(boot, provider.InstancePending), nil
+		err = p.startMember(ctx, req.UID, dir, poolDir)
+	} else {
+		err = p.startAgent(ctx, dir, sandboxFlag)
 	}
-	if err := p.startAgent(ctx, dir, sandboxFlag); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("starting the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
 	}
 	return instance(boot, provider.InstanceRunning), nil

@@ -2,6 +2,7 @@ package safety
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -51,11 +52,15 @@ func (c *Controller) freeze(ctx context.Context) error {
 			n, replicas, surge, c.opts.FreezeAfter)
 	}
 	freeze, thaw, next := safety.Overshoots(looks, c.over, time.Now(), c.opts.FreezeAfter)
-	c.over = next
+	var errs []error
 	for _, uid := range freeze {
 		ms := byUID[uid]
 		if err := c.annotate(ctx, ms, why[uid]); err != nil {
-			return err
+			// A set that changed since it was read (a runaway's status
+			// does) is frozen on the next look, without a new grace.
+			errs = append(errs, err)
+			next[uid] = c.over[uid]
+			continue
 		}
 		c.log.Info("Froze a runaway MachineSet", "machineset", klog.KObj(ms), "why", why[uid])
 		c.recorder.Eventf(ms, nil, corev1.EventTypeWarning, clusterv1.TooManyMachinesReason, "Freeze", "%s", why[uid])
@@ -63,12 +68,14 @@ func (c *Controller) freeze(ctx context.Context) error {
 	for _, uid := range thaw {
 		ms := byUID[uid]
 		if err := c.annotate(ctx, ms, ""); err != nil {
-			return err
+			errs = append(errs, err)
+			continue
 		}
 		c.log.Info("Thawed a MachineSet back in bounds", "machineset", klog.KObj(ms))
 		c.recorder.Eventf(ms, nil, corev1.EventTypeNormal, "Thawed", "Thaw", "back within replicas + maxSurge: machines are created again")
 	}
-	return nil
+	c.over = next
+	return errors.Join(errs...)
 }
 
 // annotate sets the freeze annotation to why, or removes it when why is
