@@ -47,8 +47,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(root)
-	testenv.MainWithWebhook(m, &env, prov)
+	// os.Exit runs no deferred call: the directory goes first.
+	code := testenv.RunWithWebhook(m, &env, prov)
+	os.RemoveAll(root)
+	os.Exit(code)
 }
 
 // Valid objects the cases below start from. Each case changes one thing.

@@ -200,18 +200,24 @@ func (e *Env) Stop() error {
 
 // Main is the body of a package's TestMain: it starts one Env, stores it in
 // *env, runs the tests and stops the Env whatever happens.
-func Main(m *testing.M, env **Env) { run(m, env, Start) }
+func Main(m *testing.M, env **Env) { os.Exit(run(m, env, Start)) }
 
 // MainWithWebhook is Main with StartWithWebhook.
 func MainWithWebhook(m *testing.M, env **Env, providers ...provider.Provider) {
-	run(m, env, func() (*Env, error) { return StartWithWebhook(providers...) })
+	os.Exit(RunWithWebhook(m, env, providers...))
 }
 
-func run(m *testing.M, env **Env, start func() (*Env, error)) {
+// RunWithWebhook is MainWithWebhook that returns the exit code instead of
+// exiting, so that the caller can remove what it made for the suite first.
+func RunWithWebhook(m *testing.M, env **Env, providers ...provider.Provider) int {
+	return run(m, env, func() (*Env, error) { return StartWithWebhook(providers...) })
+}
+
+func run(m *testing.M, env **Env, start func() (*Env, error)) int {
 	e, err := start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
 	*env = e
 	code := m.Run()
@@ -221,7 +227,7 @@ func run(m *testing.M, env **Env, start func() (*Env, error)) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Namespace creates a namespace unique to the test and deletes it when the
