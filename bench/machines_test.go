@@ -5,7 +5,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -152,17 +151,11 @@ func apiWritesAndConflicts(b *testing.B, cs kubernetes.Interface) (writes, confl
 
 // vmHWM is a process's peak resident set size in KiB.
 func vmHWM(b *testing.B, pid int) int {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	must(b, err)
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
-			must(b, err)
-			return kb
-		}
+	kb := statusKB(pid, "VmHWM:")
+	if kb == 0 {
+		b.Fatalf("no VmHWM in /proc/%d/status", pid)
 	}
-	b.Fatal("no VmHWM in /proc status")
-	return 0
+	return kb
 }
 
 // cleanupSandboxes stops every agent the run started.

@@ -63,13 +63,9 @@ func Run(ctx context.Context, dir string) error {
 }
 
 func run(ctx context.Context, dir string, t timing) error {
-	dir, err := filepath.Abs(dir)
+	dir, lock, err := lockDir(dir, t, "the node agent of sandbox")
 	if err != nil {
-		return fmt.Errorf("resolving sandbox directory: %w", err)
-	}
-	lock, err := sandbox.Lock(dir, t.lockWait)
-	if err != nil {
-		return fmt.Errorf("starting the node agent of sandbox %s: %w", dir, err)
+		return err
 	}
 	defer lock.Close()
 
@@ -114,6 +110,20 @@ func run(ctx context.Context, dir string, t timing) error {
 		}
 	}
 	return a.run(ctx)
+}
+
+// lockDir takes the agent lock of dir (a sandbox or a pool), made
+// absolute; what names it in the error.
+func lockDir(dir string, t timing, what string) (string, *os.File, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", nil, fmt.Errorf("resolving %s %s: %w", what, dir, err)
+	}
+	lock, err := sandbox.Lock(dir, t.lockWait)
+	if err != nil {
+		return "", nil, fmt.Errorf("starting %s %s: %w", what, dir, err)
+	}
+	return dir, lock, nil
 }
 
 // checkBootstrap: a control-plane machine has no server or token, it runs

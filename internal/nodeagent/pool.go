@@ -101,13 +101,9 @@ func RunPool(ctx context.Context, dir string) error {
 }
 
 func runPool(ctx context.Context, dir string, t timing) error {
-	dir, err := filepath.Abs(dir)
+	dir, lock, err := lockDir(dir, t, "the agent pool")
 	if err != nil {
-		return fmt.Errorf("resolving pool directory: %w", err)
-	}
-	lock, err := sandbox.Lock(dir, t.lockWait)
-	if err != nil {
-		return fmt.Errorf("starting the agent pool of %s: %w", dir, err)
+		return err
 	}
 	defer lock.Close()
 	log := klog.FromContext(ctx).WithValues("pool", dir)

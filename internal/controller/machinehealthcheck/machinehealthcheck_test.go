@@ -30,11 +30,11 @@ func TestDeadWorkerIsReplacedAndLoneMachineOnlyMarked(t *testing.T) {
 	startNodeLifecycle(t)
 	f := suite.NewFixture(t)
 	startMachines(f)
-	set := newSet(f, "pool", 3, map[string]string{"pool": "workers", "set": "pool"})
+	set := f.WorkerSet("pool", 3, map[string]string{"pool": "workers", "set": "pool"})
 	create(t, set)
 	solo := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Name: "solo", Namespace: f.NS, Labels: map[string]string{"pool": "workers"}},
-		Spec:       workerSpec(f),
+		Spec:       f.WorkerSpec(),
 	}
 	create(t, solo)
 	mhc := newCheck(f, nil)
@@ -153,7 +153,7 @@ func TestStormShortCircuits(t *testing.T) {
 	startNodeLifecycle(t)
 	f := suite.NewFixture(t)
 	startMachines(f)
-	create(t, newSet(f, "pool", 5, map[string]string{"pool": "workers"}))
+	create(t, f.WorkerSet("pool", 5, map[string]string{"pool": "workers"}))
 	forty := intstr.FromString("40%")
 	mhc := newCheck(f, &forty)
 	// Paused while the storm builds: the Nodes turn Unknown up to a Lease

@@ -12,7 +12,6 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -67,30 +66,6 @@ func startChecks(f *localenv.Fixture, opts Options) (stop func()) {
 		_, err := SetupWithManager(ctx, mgr, opts)
 		return err
 	})
-}
-
-func newSet(f *localenv.Fixture, name string, replicas int32, labels map[string]string) *clusterv1.MachineSet {
-	return &clusterv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.NS},
-		Spec: clusterv1.MachineSetSpec{
-			ClusterName: f.Cluster,
-			Replicas:    &replicas,
-			Selector:    metav1.LabelSelector{MatchLabels: labels},
-			Template: clusterv1.MachineTemplateSpec{
-				ObjectMeta: clusterv1.MachineTemplateMeta{Labels: labels},
-				Spec:       workerSpec(f),
-			},
-		},
-	}
-}
-
-func workerSpec(f *localenv.Fixture) clusterv1.MachineSpec {
-	return clusterv1.MachineSpec{
-		ClusterName:  f.Cluster,
-		Roles:        []clusterv1.MachineRole{clusterv1.WorkerRole},
-		Versions:     clusterv1.MachineVersions{Kubelet: "v1.37.2"},
-		ProviderSpec: &runtime.RawExtension{Raw: []byte(localenv.LocalMachineBlob)},
-	}
 }
 
 // newCheck checks the machines labelled pool=workers: Ready Unknown or

@@ -26,14 +26,14 @@ func TestUnreachableClusterRemediatesNothing(t *testing.T) {
 	f := suite.NewFixture(t)
 	setKubeconfig(t, f, unreachableKubeconfig(t))
 
-	set := newSet(f, "pool", 1, map[string]string{"pool": "workers"})
+	set := f.WorkerSet("pool", 1, map[string]string{"pool": "workers"})
 	create(t, set)
 	m := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: "failed", Namespace: f.NS, Labels: map[string]string{"pool": "workers"},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(set, clusterv1.GroupVersion.WithKind("MachineSet"))},
 		},
-		Spec: workerSpec(f),
+		Spec: f.WorkerSpec(),
 	}
 	create(t, m)
 	m.Status.Phase = clusterv1.MachinePhaseFailed

@@ -8,7 +8,6 @@ import (
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -48,24 +47,7 @@ func start(f *localenv.Fixture, opts Options, machines bool) (stop func()) {
 }
 
 func newSet(f *localenv.Fixture, name string, replicas int32) *clusterv1.MachineSet {
-	labels := map[string]string{"pool": name}
-	return &clusterv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.NS},
-		Spec: clusterv1.MachineSetSpec{
-			ClusterName: f.Cluster,
-			Replicas:    &replicas,
-			Selector:    metav1.LabelSelector{MatchLabels: labels},
-			Template: clusterv1.MachineTemplateSpec{
-				ObjectMeta: clusterv1.MachineTemplateMeta{Labels: labels},
-				Spec: clusterv1.MachineSpec{
-					ClusterName:  f.Cluster,
-					Roles:        []clusterv1.MachineRole{clusterv1.WorkerRole},
-					Versions:     clusterv1.MachineVersions{Kubelet: "v1.37.2"},
-					ProviderSpec: &runtime.RawExtension{Raw: []byte(localenv.LocalMachineBlob)},
-				},
-			},
-		},
-	}
+	return f.WorkerSet(name, replicas, map[string]string{"pool": name})
 }
 
 func create(t *testing.T, o client.Object) {

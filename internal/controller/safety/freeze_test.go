@@ -8,7 +8,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -28,7 +27,7 @@ func TestRunawayMachineSetIsFrozenThenThawed(t *testing.T) {
 	ctx := context.Background()
 	c := suite.Mgmt.Client
 	// Paused, the set keeps the machines it has been given: a runaway.
-	ms := workerSet(f, "runaway", 1)
+	ms := f.WorkerSet("runaway", 1, map[string]string{"pool": "runaway"})
 	ms.Annotations = map[string]string{clusterv1.PausedAnnotation: "yes"}
 	if err := c.Create(ctx, ms); err != nil {
 		t.Fatal(err)
@@ -97,7 +96,7 @@ func TestRunawayMachineSetIsFrozenThenThawed(t *testing.T) {
 func TestFrozenMachineSetCreatesNoMachine(t *testing.T) {
 	f := suite.NewFixture(t)
 	ctx := context.Background()
-	ms := workerSet(f, "frozen", 2)
+	ms := f.WorkerSet("frozen", 2, map[string]string{"pool": "frozen"})
 	ms.Annotations = map[string]string{clusterv1.FrozenAnnotation: "9 machines, above replicas 2 + maxSurge 1"}
 	if err := suite.Mgmt.Client.Create(ctx, ms); err != nil {
 		t.Fatal(err)
@@ -121,27 +120,6 @@ func TestFrozenMachineSetCreatesNoMachine(t *testing.T) {
 	}
 	if len(list.Items) != 0 {
 		t.Errorf("a frozen set created %d machines", len(list.Items))
-	}
-}
-
-func workerSet(f *localenv.Fixture, name string, replicas int32) *clusterv1.MachineSet {
-	labels := map[string]string{"pool": name}
-	return &clusterv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.NS},
-		Spec: clusterv1.MachineSetSpec{
-			ClusterName: f.Cluster,
-			Replicas:    &replicas,
-			Selector:    metav1.LabelSelector{MatchLabels: labels},
-			Template: clusterv1.MachineTemplateSpec{
-				ObjectMeta: clusterv1.MachineTemplateMeta{Labels: labels},
-				Spec: clusterv1.MachineSpec{
-					ClusterName:  f.Cluster,
-					Roles:        []clusterv1.MachineRole{clusterv1.WorkerRole},
-					Versions:     clusterv1.MachineVersions{Kubelet: "v1.37.2"},
-					ProviderSpec: &runtime.RawExtension{Raw: []byte(localenv.LocalMachineBlob)},
-				},
-			},
-		},
 	}
 }
 

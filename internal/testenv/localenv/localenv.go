@@ -212,3 +212,30 @@ func StartManager(t *testing.T, cfg *rest.Config, ns string, setup func(ctx cont
 	t.Cleanup(stop)
 	return stop
 }
+
+// WorkerSpec is a local worker of the fixture's cluster.
+func (f *Fixture) WorkerSpec() clusterv1.MachineSpec {
+	return clusterv1.MachineSpec{
+		ClusterName:  f.Cluster,
+		Roles:        []clusterv1.MachineRole{clusterv1.WorkerRole},
+		Versions:     clusterv1.MachineVersions{Kubelet: "v1.37.2"},
+		ProviderSpec: &runtime.RawExtension{Raw: []byte(LocalMachineBlob)},
+	}
+}
+
+// WorkerSet is a MachineSet of replicas local workers of the fixture's
+// cluster, selecting and labelling them with labels.
+func (f *Fixture) WorkerSet(name string, replicas int32, labels map[string]string) *clusterv1.MachineSet {
+	return &clusterv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.NS},
+		Spec: clusterv1.MachineSetSpec{
+			ClusterName: f.Cluster,
+			Replicas:    &replicas,
+			Selector:    metav1.LabelSelector{MatchLabels: labels},
+			Template: clusterv1.MachineTemplateSpec{
+				ObjectMeta: clusterv1.MachineTemplateMeta{Labels: labels},
+				Spec:       f.WorkerSpec(),
+			},
+		},
+	}
+}
