@@ -26,6 +26,7 @@ import (
 
 var (
 	fleetClusters = flag.Int("clusters", 10, "clusters BenchmarkFleet makes")
+	fleetProgress = flag.Duration("progress", 15*time.Second, "how often BenchmarkFleet prints the machines by phase and the cores each kind of process used")
 	fleetAgent    = flag.String("agent", "Pooled", "how BenchmarkFleet's workers run: Pooled (one process per cluster) or Process (one per worker)")
 )
 
@@ -79,6 +80,9 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 	writesBefore, conflictsBefore := apiWritesAndConflicts(b, cs)
 	byResourceBefore := writesByKind(b, cs)
 	start := time.Now()
+	progressCtx, stopProgress := context.WithCancel(ctx)
+	defer stopProgress()
+	go progress(progressCtx, mgmt.Client, root, ctl.Process.Pid, start, *fleetProgress)
 	for c := range clusters {
 		name := fmt.Sprintf("fleet-%02d", c)
 		must(b, mgmt.Client.Create(ctx, benchCluster(name, cps)))
@@ -91,6 +95,7 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 
 	readyAt := waitRunning(b, mgmt.Client, total, start, 30*time.Minute, logFile.Name())
 	all := time.Since(start)
+	stopProgress()
 	testenv.Eventually(b, 2*time.Minute, "every cluster Ready", func() error {
 		var list clusterv1.ClusterList
 		if err := mgmt.Client.List(ctx, &list); err != nil {

@@ -71,9 +71,8 @@ type Reconciler struct {
 
 // Field indexes on Machines in the management cache.
 const (
-	clusterNameIndex = "spec.clusterName"
-	classNameIndex   = "spec.classRef.name"
-	providerIDIndex  = "status.providerID"
+	classNameIndex  = "spec.classRef.name"
+	providerIDIndex = "status.providerID"
 )
 
 // errCrash is what a test crash hook returns.

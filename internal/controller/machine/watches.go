@@ -16,15 +16,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/index"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
 )
 
 func indexMachines(ctx context.Context, mgr ctrl.Manager) error {
 	indexes := map[string]client.IndexerFunc{
-		clusterNameIndex: func(o client.Object) []string {
-			return []string{o.(*clusterv1.Machine).Spec.ClusterName}
-		},
 		classNameIndex: func(o client.Object) []string {
 			if ref := o.(*clusterv1.Machine).Spec.ClassRef; ref != nil {
 				return []string{ref.Name}
@@ -37,6 +35,9 @@ func indexMachines(ctx context.Context, mgr ctrl.Manager) error {
 			}
 			return nil
 		},
+	}
+	if err := index.AddMachineCluster(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
 	}
 	for name, fn := range indexes {
 		if err := mgr.GetFieldIndexer().IndexField(ctx, &clusterv1.Machine{}, name, fn); err != nil {
@@ -55,11 +56,11 @@ func (r *Reconciler) machinesForKubeconfig(ctx context.Context, o client.Object)
 	if !ok {
 		return nil
 	}
-	return r.requestsFor(ctx, client.InNamespace(o.GetNamespace()), client.MatchingFields{clusterNameIndex: cluster})
+	return r.requestsFor(ctx, client.InNamespace(o.GetNamespace()), client.MatchingFields{index.MachineCluster: cluster})
 }
 
 func (r *Reconciler) machinesForCluster(ctx context.Context, o client.Object) []reconcile.Request {
-	return r.requestsFor(ctx, client.InNamespace(o.GetNamespace()), client.MatchingFields{clusterNameIndex: o.GetName()})
+	return r.requestsFor(ctx, client.InNamespace(o.GetNamespace()), client.MatchingFields{index.MachineCluster: o.GetName()})
 }
 
 // clusterGoingPredicate passes a Cluster's deletion, and the moment its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/index"
 )
 
 // Options configure the controller.
@@ -43,6 +45,10 @@ type Reconciler struct {
 	now      func() time.Time
 	// statusThrottle spaces out status writes that only move counts.
 	statusThrottle *Throttle
+	// writes are the machine writes the cache may not show yet.
+	writes writes
+	// liveLists counts the passes that read from the API server.
+	liveLists atomic.Int64
 }
 
 // errCrash is what a test crash hook returns.
@@ -63,6 +69,9 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 		opts:           opts,
 		now:            time.Now,
 		statusThrottle: NewThrottle(opts.StatusInterval),
+	}
+	if err := index.AddMachineCluster(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return nil, err
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&clusterv1.MachineSet{}).
@@ -87,6 +96,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !ms.DeletionTimestamp.IsZero() {
+		r.writes.forget(ms.UID)
 		// The garbage collector deletes the machines through their owner
 		// references; each goes through its own drain.
 		return ctrl.Result{}, nil

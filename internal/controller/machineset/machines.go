@@ -2,9 +2,11 @@ package machineset
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,6 +20,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/autoscaling"
+	"marina.dev/marina/internal/controller/index"
 )
 
 // ScaleDownOnlyAnnotation on a MachineSet stops it from creating machines:
@@ -74,17 +77,17 @@ func (r *Reconciler) checkBlocked(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// readMachines lists, from the API server, the machines the set owns, and
-// adopts orphans that match its selector and releases owned machines that
-// stopped matching, as a ReplicaSet does (not while blocked).
+// readMachines lists the machines the set owns, and adopts orphans that
+// match its selector and releases owned machines that stopped matching, as
+// a ReplicaSet does (not while blocked).
 func (r *Reconciler) readMachines(ctx context.Context, s *scope) error {
 	ms := s.ms
-	list := &clusterv1.MachineList{}
-	if err := r.live.List(ctx, list, client.InNamespace(ms.Namespace)); err != nil {
-		return fmt.Errorf("listing machines of machineset %s: %w", klog.KObj(ms), err)
+	list, err := r.listMachines(ctx, ms)
+	if err != nil {
+		return err
 	}
-	for i := range list.Items {
-		m := &list.Items[i]
+	for i := range list {
+		m := &list[i]
 		ref := metav1.GetControllerOf(m)
 		switch {
 		case ref != nil && ref.UID == ms.UID:
@@ -113,6 +116,27 @@ func (r *Reconciler) readMachines(ctx context.Context, s *scope) error {
 	return nil
 }
 
+// listMachines reads the machines of the set's cluster (all a set may own
+// or adopt: a machine's cluster is its set's, and never changes) from the
+// cache when it shows every machine write this process made about the set,
+// else from the API server (doc.go, Crash safety).
+func (r *Reconciler) listMachines(ctx context.Context, ms *clusterv1.MachineSet) ([]clusterv1.Machine, error) {
+	cached := &clusterv1.MachineList{}
+	if err := r.client.List(ctx, cached, client.InNamespace(ms.Namespace), client.MatchingFields{index.MachineCluster: ms.Spec.ClusterName}); err != nil {
+		return nil, fmt.Errorf("listing machines of machineset %s: %w", klog.KObj(ms), err)
+	}
+	if r.writes.caughtUp(ms.UID, cached.Items) {
+		return cached.Items, nil
+	}
+	live := &clusterv1.MachineList{}
+	if err := r.live.List(ctx, live, client.InNamespace(ms.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing machines of machineset %s: %w", klog.KObj(ms), err)
+	}
+	r.writes.read(ms.UID)
+	r.liveLists.Add(1)
+	return live.Items, nil
+}
+
 // adopt makes the set the machine's controller. The optimistic lock makes
 // two sets racing for one machine safe: the loser gets a conflict and
 // looks again on its next pass.
@@ -127,6 +151,7 @@ func (r *Reconciler) adopt(ctx context.Context, ms *clusterv1.MachineSet, m *clu
 		}
 		return false, fmt.Errorf("adopting machine %s: %w", klog.KObj(m), err)
 	}
+	r.writes.wrote(ms.UID, m.Name, m.ResourceVersion)
 	ctrl.LoggerFrom(ctx).Info("Adopted machine", "machine", klog.KObj(m))
 	return true, nil
 }
@@ -146,6 +171,7 @@ func (r *Reconciler) release(ctx context.Context, ms *clusterv1.MachineSet, m *c
 		}
 		return fmt.Errorf("releasing machine %s: %w", klog.KObj(m), err)
 	}
+	r.writes.wrote(ms.UID, m.Name, m.ResourceVersion)
 	ctrl.LoggerFrom(ctx).Info("Released machine: its labels no longer match the selector", "machine", klog.KObj(m))
 	return nil
 }
@@ -203,23 +229,14 @@ func (r *Reconciler) syncReplicas(ctx context.Context, s *scope) error {
 		// The safety controller saw a runaway: nothing is created until
 		// it has seen the set back in bounds.
 	case len(s.machines) < want:
-		for range want - len(s.machines) {
-			m, err := r.createMachine(ctx, ms)
-			if err != nil {
-				s.createErr = err
-				return err
-			}
-			s.machines = append(s.machines, m)
-			if r.crashed("after-create") {
-				return errCrash
-			}
-		}
+		return r.createMachines(ctx, s, want-len(s.machines))
 	case len(active) > want:
 		for _, m := range DeletionOrder(active, ms.Spec.DeletePolicy, len(active)-want) {
 			uid := m.UID
 			if err := r.client.Delete(ctx, m, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("deleting machine %s of machineset %s: %w", klog.KObj(m), klog.KObj(ms), err)
 			}
+			r.writes.wrote(ms.UID, m.Name, "")
 			ctrl.LoggerFrom(ctx).Info("Deleting machine", "machine", klog.KObj(m), "priority", deletePriority(m))
 			now := metav1.NewTime(s.now)
 			m.DeletionTimestamp = &now
@@ -227,6 +244,38 @@ func (r *Reconciler) syncReplicas(ctx context.Context, s *scope) error {
 				return errCrash
 			}
 		}
+	}
+	return nil
+}
+
+// createMachines creates n machines in batches of 1, 2, 4, … as a
+// ReplicaSet does: a set of hundreds is made in a few round trips of
+// parallel creates, while a template the API refuses costs one failed
+// request, not n. It stops at the first batch with a failure.
+func (r *Reconciler) createMachines(ctx context.Context, s *scope, n int) error {
+	for batch := 1; n > 0; batch *= 2 {
+		size := min(batch, n)
+		made := make([]*clusterv1.Machine, size)
+		errs := make([]error, size)
+		var wg sync.WaitGroup
+		for i := range size {
+			wg.Go(func() { made[i], errs[i] = r.createMachine(ctx, s.ms) })
+		}
+		wg.Wait()
+		for i, m := range made {
+			if errs[i] == nil {
+				r.writes.wrote(s.ms.UID, m.Name, m.ResourceVersion)
+				s.machines = append(s.machines, m)
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			s.createErr = err
+			return err
+		}
+		if r.crashed("after-create") {
+			return errCrash
+		}
+		n -= size
 	}
 	return nil
 }

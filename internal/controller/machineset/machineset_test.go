@@ -251,3 +251,45 @@ func TestControllerKilledAfterEachWriteConverges(t *testing.T) {
 		t.Fatalf("%d machines in the namespace after crashes, want 1", len(machines))
 	}
 }
+
+// A set of 20 is made in batches without overshooting, and once it has
+// read its machines live, it reads them from the cache: 20 machine changes
+// cost no list from the API server (a fleet of a thousand machines made
+// each pass list them all).
+func TestSettledSetReadsItsCache(t *testing.T) {
+	f := suite.NewFixture(t)
+	r, _ := startReconciler(f, Options{StatusInterval: -1}, false)
+	ms := newSet(f, "cached", 20)
+	create(t, ms)
+	waitOwned(t, ms, 20, -1, machineTimeout)
+	testenv.Eventually(t, 30*time.Second, "status to count 20 machines", func() error {
+		if got := getSet(t, ms); got.Status.Replicas != 20 {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+	lists := r.liveLists.Load()
+
+	// No machine controller runs: the test marks the machines Ready, and
+	// the set's ready count follows from the cache.
+	ctx := context.Background()
+	for _, m := range machinesIn(t, f.NS) {
+		before := m.DeepCopy()
+		m.Status.Conditions = []metav1.Condition{{Type: clusterv1.ReadyCondition, Status: metav1.ConditionTrue, Reason: "Test", LastTransitionTime: metav1.Now()}}
+		if err := mgmt.Client.Status().Patch(ctx, &m, client.MergeFrom(before)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "status to count 20 Ready machines", func() error {
+		if got := getSet(t, ms); got.Status.ReadyReplicas != 20 {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+	if got := r.liveLists.Load(); got != lists {
+		t.Errorf("%d live lists after the set settled, want none", got-lists)
+	}
+	if n := len(machinesIn(t, f.NS)); n != 20 {
+		t.Errorf("%d machines, want 20", n)
+	}
+}

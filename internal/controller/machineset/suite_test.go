@@ -31,7 +31,13 @@ func TestMain(m *testing.M) {
 // controller and the fixture's local provider too, until the test ends or
 // stop is called.
 func start(f *localenv.Fixture, opts Options, machines bool) (stop func()) {
-	return localenv.StartManager(f.T, mgmt.Config, f.NS, func(ctx context.Context, mgr ctrl.Manager) error {
+	_, stop = startReconciler(f, opts, machines)
+	return stop
+}
+
+// startReconciler is start, returning the MachineSet reconciler too.
+func startReconciler(f *localenv.Fixture, opts Options, machines bool) (r *Reconciler, stop func()) {
+	stop = localenv.StartManager(f.T, mgmt.Config, f.NS, func(ctx context.Context, mgr ctrl.Manager) error {
 		if machines {
 			reg, err := provider.NewRegistry(f.Provider)
 			if err != nil {
@@ -41,9 +47,11 @@ func start(f *localenv.Fixture, opts Options, machines bool) (stop func()) {
 				return err
 			}
 		}
-		_, err := SetupWithManager(mgr, opts)
+		var err error
+		r, err = SetupWithManager(mgr, opts)
 		return err
 	})
+	return r, stop
 }
 
 func newSet(f *localenv.Fixture, name string, replicas int32) *clusterv1.MachineSet {

@@ -1,0 +1,78 @@
+package machineset
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+)
+
+// The cache is trusted for a set only when it shows every machine write
+// this process made about the set since it last read the set live.
+func TestWritesCaughtUp(t *testing.T) {
+	const set = types.UID("set")
+	cached := func(name, rv string, deleting bool) clusterv1.Machine {
+		m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}}
+		if deleting {
+			m.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		}
+		return m
+	}
+	cases := []struct {
+		name   string
+		read   bool // the set was read live before the writes
+		writes map[string]string
+		cache  []clusterv1.Machine
+		want   bool
+	}{
+		{name: "never read live in this process", read: false, want: false},
+		{name: "read live, nothing written since", read: true, want: true},
+		{name: "a creation the cache shows", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{cached("a", "10", false)}, want: true},
+		{name: "a creation the cache does not show yet", read: true, writes: map[string]string{"a": "10"}, want: false},
+		{name: "a later write than ours is shown", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{cached("a", "12", false)}, want: true},
+		{name: "an older version than our write", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{cached("a", "9", false)}, want: false},
+		{name: "a resource version that is no number", read: true, writes: map[string]string{"a": "x"}, cache: []clusterv1.Machine{cached("a", "y", false)}, want: false},
+		{name: "a deletion the cache shows as deleting", read: true, writes: map[string]string{"a": ""}, cache: []clusterv1.Machine{cached("a", "10", true)}, want: true},
+		{name: "a deletion the cache shows as gone", read: true, writes: map[string]string{"a": ""}, want: true},
+		{name: "a deletion the cache does not show yet", read: true, writes: map[string]string{"a": ""}, cache: []clusterv1.Machine{cached("a", "10", false)}, want: false},
+		{name: "one of two writes shown", read: true, writes: map[string]string{"a": "10", "b": "11"}, cache: []clusterv1.Machine{cached("a", "10", false)}, want: false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var w writes
+			if tc.read {
+				w.read(set)
+			}
+			for name, rv := range tc.writes {
+				w.wrote(set, name, rv)
+			}
+			if got := w.caughtUp(set, tc.cache); got != tc.want {
+				t.Errorf("caughtUp = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A write shown once is forgotten: the cache stays trusted after it.
+func TestWritesShownAreForgotten(t *testing.T) {
+	const set = types.UID("set")
+	var w writes
+	w.read(set)
+	w.wrote(set, "a", "10")
+	a := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "10"}}
+	if !w.caughtUp(set, []clusterv1.Machine{a}) {
+		t.Fatal("the cache shows the creation, but is not trusted")
+	}
+	// The machine was deleted by someone else since: nothing of ours is
+	// pending, so the cache is still trusted.
+	if !w.caughtUp(set, nil) {
+		t.Error("a write already shown was remembered")
+	}
+	w.forget(set)
+	if w.caughtUp(set, nil) {
+		t.Error("a forgotten set is trusted")
+	}
+}
