@@ -26,8 +26,13 @@ type timing struct {
 	leaseRenew time.Duration
 	// leaseDuration is the Lease's leaseDurationSeconds (the kubelet's 40).
 	leaseDuration int32
-	// statusUpdate is how often the Node's conditions get a heartbeat.
-	statusUpdate time.Duration
+	// statusUpdate is how often the agent compares the Node's status with
+	// its own and posts it when they differ (a controller set Ready to
+	// Unknown during an outage, a new kubelet version); statusReport is how
+	// often it posts it anyway, for the conditions' lastHeartbeatTime. The
+	// kubelet's nodeStatusUpdateFrequency and nodeStatusReportFrequency:
+	// the Lease is the liveness signal, a status write is not.
+	statusUpdate, statusReport time.Duration
 	// lockWait is how long a starting agent waits for a lock prober to let
 	// go before concluding that another agent runs the sandbox.
 	lockWait time.Duration
@@ -45,7 +50,8 @@ type timing struct {
 var defaultTiming = timing{
 	leaseRenew:         10 * time.Second,
 	leaseDuration:      40,
-	statusUpdate:       30 * time.Second,
+	statusUpdate:       10 * time.Second,
+	statusReport:       5 * time.Minute,
 	lockWait:           2 * time.Second,
 	retryMax:           30 * time.Second,
 	tokenCheck:         10 * time.Minute,

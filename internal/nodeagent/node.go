@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -154,32 +156,58 @@ func mergeTaints(have, want []corev1.Taint) []corev1.Taint {
 	return out
 }
 
-// keepStatus posts the Node's status periodically, and checks on the way
-// that the sandbox still exists. The node lifecycle
-// controller judges liveness by the Lease; this heartbeat keeps the
-// conditions' lastHeartbeatTime honest and restores Ready=True after the
-// controller set it to Unknown during an outage.
+// keepStatus keeps the Node's status the agent's, as the kubelet does: it
+// compares them every statusUpdate and posts when they differ (the node
+// lifecycle controller set Ready to Unknown during an outage, say), and
+// every statusReport anyway, which keeps the conditions' lastHeartbeatTime
+// honest. It checks on the way that the sandbox still exists. Posting
+// every look instead cost the workload API servers a status write per
+// Node every few seconds, for a thousand simulated workers.
 func (a *agent) keepStatus(ctx context.Context) {
+	lastPost := time.Now() // registration has just posted it
 	every(ctx, a.t.statusUpdate, 0.2, func(ctx context.Context) {
 		if a.sandboxGone() {
 			return
 		}
-		if _, err := a.postStatus(ctx); err != nil && ctx.Err() == nil {
-			a.log.Error(err, "Posting node status failed")
+		cur, err := a.getNode(ctx)
+		if err == nil && time.Since(lastPost) < a.t.statusReport && !statusDiffers(cur, a.status(cur)) {
+			return
 		}
+		if err == nil {
+			_, err = a.patchStatus(ctx, cur)
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Error(err, "Posting node status failed")
+			}
+			return
+		}
+		lastPost = time.Now()
 	})
 }
 
 // postStatus patches the Node's status: capacity, addresses, node info and
-// healthy conditions. A condition's lastTransitionTime moves only when its
-// status changes, so it reads the current Node first (from the API
-// server's cache: resourceVersion 0, as the kubelet does).
+// healthy conditions.
 func (a *agent) postStatus(ctx context.Context) (*corev1.Node, error) {
-	nodes := a.cs.CoreV1().Nodes()
-	cur, err := nodes.Get(ctx, a.boot.NodeName, metav1.GetOptions{ResourceVersion: "0"})
+	cur, err := a.getNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return a.patchStatus(ctx, cur)
+}
+
+// getNode reads the Node from the API server's cache (resourceVersion 0,
+// as the kubelet does): a condition's lastTransitionTime moves only when
+// its status changes, so the current one is needed.
+func (a *agent) getNode(ctx context.Context) (*corev1.Node, error) {
+	cur, err := a.cs.CoreV1().Nodes().Get(ctx, a.boot.NodeName, metav1.GetOptions{ResourceVersion: "0"})
 	if err != nil {
 		return nil, fmt.Errorf("reading node %s: %w", a.boot.NodeName, err)
 	}
+	return cur, nil
+}
+
+func (a *agent) patchStatus(ctx context.Context, cur *corev1.Node) (*corev1.Node, error) {
 	patch := struct {
 		Status statusPatch `json:"status"`
 	}{a.status(cur)}
@@ -187,11 +215,38 @@ func (a *agent) postStatus(ctx context.Context) (*corev1.Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding the node status: %w", err)
 	}
-	node, err := nodes.Patch(ctx, a.boot.NodeName, types.StrategicMergePatchType, data, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+	node, err := a.cs.CoreV1().Nodes().Patch(ctx, a.boot.NodeName, types.StrategicMergePatchType, data, metav1.PatchOptions{FieldManager: fieldManager}, "status")
 	if err != nil {
 		return nil, fmt.Errorf("posting the status of node %s: %w", a.boot.NodeName, err)
 	}
 	return node, nil
+}
+
+// statusDiffers reports whether the Node's status lacks something of want,
+// heartbeat times aside: what a post would change.
+func statusDiffers(cur *corev1.Node, want statusPatch) bool {
+	st := cur.Status
+	if !apiequality.Semantic.DeepEqual(st.Capacity, want.Capacity) || !apiequality.Semantic.DeepEqual(st.Allocatable, want.Allocatable) || st.NodeInfo != want.NodeInfo {
+		return true
+	}
+	for _, w := range want.Conditions {
+		found := false
+		for _, c := range st.Conditions {
+			if c.Type == w.Type {
+				found = c.Status == w.Status && c.Reason == w.Reason && c.Message == w.Message
+				break
+			}
+		}
+		if !found {
+			return true
+		}
+	}
+	for _, w := range want.Addresses {
+		if !slices.Contains(st.Addresses, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // statusPatch is the part of a NodeStatus the agent owns; a strategic merge

@@ -32,6 +32,7 @@ var fast = timing{
 	leaseRenew:    200 * time.Millisecond,
 	leaseDuration: 40,
 	statusUpdate:  time.Second,
+	statusReport:  2 * time.Second,
 	lockWait:      200 * time.Millisecond,
 	retryMax:      time.Second,
 	// Tokens are renewed in their own test.
@@ -440,4 +441,72 @@ func TestRenewAtHalfLife(t *testing.T) {
 	if _, _, err := tokenLifetime("not-a-jwt"); err == nil {
 		t.Error("a non-JWT token has a lifetime")
 	}
+}
+
+// Between reports the agent writes the Node's status only when it differs
+// from its own: a Ready condition the node lifecycle controller set to
+// Unknown (an outage) is put back at the next look, while an unchanged
+// status is not written at all (a thousand simulated workers posting every
+// look cost their API servers a write each).
+func TestAgentPostsStatusOnlyWhenItDiffers(t *testing.T) {
+	ctx := t.Context()
+	cs := adminClient(t)
+	if err := EnsureIdentity(ctx, cs); err != nil {
+		t.Fatal(err)
+	}
+	token, err := IssueToken(ctx, cs, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := "status-" + rand.String(6)
+	dir, _ := bootstrapDir(t, node, token)
+	quiet := fast
+	quiet.statusUpdate = 200 * time.Millisecond
+	quiet.statusReport = time.Hour
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, dir, quiet) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	var n *corev1.Node
+	eventually(t, 30*time.Second, "node registered and Ready", func() error {
+		n, err = cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if c := nodeCondition(n, corev1.NodeReady); c == nil || c.Status != corev1.ConditionTrue {
+			return fmt.Errorf("ready condition is %+v", c)
+		}
+		return nil
+	})
+
+	// Ten looks later, the Node is the same object: nothing was written.
+	rv := n.ResourceVersion
+	time.Sleep(10 * quiet.statusUpdate) // the absence of writes over ten looks is the assertion
+	if n, err = cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n.ResourceVersion != rv {
+		t.Errorf("the Node was written while its status did not change: resourceVersion %s, then %s", rv, n.ResourceVersion)
+	}
+
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			n.Status.Conditions[i].Status = corev1.ConditionUnknown
+			n.Status.Conditions[i].Reason = "NodeStatusUnknown"
+		}
+	}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "Ready put back", func() error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if c := nodeCondition(n, corev1.NodeReady); c.Status != corev1.ConditionTrue || c.Reason != reasonReady {
+			return fmt.Errorf("ready condition is %+v", c)
+		}
+		return nil
+	})
 }

@@ -110,8 +110,11 @@ func runPool(ctx context.Context, dir string, t timing) error {
 	log.Info("Starting agent pool")
 	p := &pool{dir: dir, t: t, log: log, running: map[string]*member{}}
 	defer p.stopAll()
+	members := modWatch{path: filepath.Join(dir, PoolMembersDir)}
 	for {
-		p.scan(ctx)
+		if members.changed() {
+			p.scan(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			log.Info("Stopping agent pool", "members", len(p.running))

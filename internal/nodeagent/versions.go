@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"sync"
 	"time"
@@ -38,9 +39,13 @@ func (k *kubelet) set(v string) bool {
 // (M12): a control-plane component whose version changed gets a new
 // manifest, which the supervisor sees within a second and restarts that
 // component alone with the other binary; a new kubelet version is reported
-// in the Node's status at once. It reads the file every second.
+// in the Node's status at once. It looks at the file every second.
 func (a *agent) watchVersions(ctx context.Context) {
+	file := modWatch{path: filepath.Join(a.dir, sandbox.VersionsFile)}
 	apply := func(ctx context.Context) {
+		if !file.changed() {
+			return
+		}
 		v, err := sandbox.ReadVersions(a.dir)
 		if err != nil {
 			a.log.Error(err, "Reading the versions file failed")

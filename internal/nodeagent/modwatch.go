@@ -1,0 +1,34 @@
+package nodeagent
+
+import (
+	"os"
+	"time"
+)
+
+// modWatch tells whether a file or directory may have changed since the
+// last look, from its modification time alone: a pool of a hundred members
+// looking at their files several times a second reads none while none
+// changes. Files here are replaced by rename, which moves the time of the
+// file and of its directory.
+type modWatch struct {
+	path string
+	last time.Time
+}
+
+// changed reports whether path may have changed since the last call that
+// returned true. A time within the last second counts as changed, since a
+// second change in the same clock tick would not move it; so does a path
+// that cannot be read, for the caller to find out why.
+func (w *modWatch) changed() bool {
+	fi, err := os.Stat(w.path)
+	if err != nil {
+		w.last = time.Time{}
+		return true
+	}
+	mtime := fi.ModTime()
+	if mtime.Equal(w.last) && time.Since(mtime) >= time.Second {
+		return false
+	}
+	w.last = mtime
+	return true
+}

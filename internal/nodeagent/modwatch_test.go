@@ -1,0 +1,47 @@
+package nodeagent
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestModWatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "versions.json")
+	w := modWatch{path: path}
+	if !w.changed() {
+		t.Error("a missing file reads as unchanged: the caller would never learn it is missing")
+	}
+	write := func(content string, mtime time.Time) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hourAgo := time.Now().Add(-time.Hour)
+	write("a", hourAgo)
+	if !w.changed() {
+		t.Error("a new file reads as unchanged")
+	}
+	if w.changed() {
+		t.Error("an old file not touched since reads as changed")
+	}
+	write("b", hourAgo.Add(time.Minute))
+	if !w.changed() {
+		t.Error("a rewritten file reads as unchanged")
+	}
+	write("c", time.Now())
+	if !w.changed() || !w.changed() {
+		t.Error("a file written within the last second must read as changed on every look")
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if !w.changed() {
+		t.Error("a removed file reads as unchanged")
+	}
+}
