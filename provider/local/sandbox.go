@@ -26,9 +26,15 @@ const (
 	tombPrefix = ".tomb-"
 )
 
-// allocMu makes address allocation and sandbox creation one step for every
-// Provider of the process, so that two machines never get one address.
+// allocMu makes picking an address one step for every Provider of the
+// process, so that two machines never get one address.
 var allocMu sync.Mutex
+
+// reserved holds, under allocMu, the addresses picked for sandboxes still
+// being written. The writes (each file synced) are done outside the lock:
+// under it, a benchmark of 1,010 machines had 19 of 32 machine workers
+// queued behind one another's fsyncs, about five sandboxes a second.
+var reserved = map[string]bool{}
 
 // sandboxAddresses remembers the address of each sandbox directory seen, as
 // it never changes: reading every sandbox's bootstrap on every allocation
@@ -41,24 +47,17 @@ var sandboxAddresses sync.Map // sandbox directory -> address
 // directory and renames it into place, so that a sandbox that exists is
 // complete.
 func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Bootstrap, error) {
-	allocMu.Lock()
-	defer allocMu.Unlock()
-
 	dir := p.sandboxDir(req.UID)
 	if b, err := sandbox.ReadBootstrap(dir); err == nil {
 		return b, nil // another Provider of this process just built it
 	}
-	if err := p.removeLeftovers(req.UID); err != nil {
-		return nil, err
-	}
-	used, err := p.usedAddresses()
+	addr, err := p.reserveAddress(req.UID)
 	if err != nil {
 		return nil, err
 	}
-	addr, err := pickAddress(req.UID, used)
-	if err != nil {
-		return nil, err
-	}
+	// Released once the sandbox is in place and its address remembered,
+	// or given up.
+	defer release(addr)
 	b := bootstrapFor(req, m, addr)
 
 	tmp, err := os.MkdirTemp(p.root, tmpPrefix+string(req.UID)+"-")
@@ -103,6 +102,33 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 	return b, nil
 }
 
+// reserveAddress picks a free address for uid's sandbox and holds it
+// until release; it first removes what a crash may have left of the
+// sandbox.
+func (p *Provider) reserveAddress(uid types.UID) (string, error) {
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	if err := p.removeLeftovers(uid); err != nil {
+		return "", err
+	}
+	used, err := p.usedAddresses()
+	if err != nil {
+		return "", err
+	}
+	addr, err := pickAddress(uid, used)
+	if err != nil {
+		return "", err
+	}
+	reserved[addr] = true
+	return addr, nil
+}
+
+func release(addr string) {
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	delete(reserved, addr)
+}
+
 // bootstrapFor is what the agent of req's machine needs to know.
 func bootstrapFor(req *provider.Request, m *LocalMachine, addr string) *sandbox.Bootstrap {
 	capacity := corev1.ResourceList{
@@ -142,7 +168,8 @@ func bootstrapFor(req *provider.Request, m *LocalMachine, addr string) *sandbox.
 // ProviderID is the providerID of the local machine with the given UID.
 func ProviderID(uid types.UID) string { return "local://" + string(uid) }
 
-// usedAddresses are the addresses of the existing sandboxes and endpoints.
+// usedAddresses are the addresses of the existing sandboxes and endpoints,
+// and those reserved for sandboxes being built; called under allocMu.
 func (p *Provider) usedAddresses() (map[string]bool, error) {
 	uids, err := p.UIDs()
 	if err != nil {
@@ -164,6 +191,9 @@ func (p *Provider) usedAddresses() (map[string]bool, error) {
 		}
 		sandboxAddresses.Store(dir, b.Address)
 		used[b.Address] = true
+	}
+	for addr := range reserved {
+		used[addr] = true
 	}
 	endpoints, err := p.endpointAddresses()
 	if err != nil {
