@@ -6,6 +6,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,8 +61,11 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 	root := filepath.Join(tmp, "machines")
 	kubeconfig := filepath.Join(tmp, "mgmt.kubeconfig")
 	must(b, os.WriteFile(kubeconfig, mgmt.Kubeconfig, 0o600))
+	pprof := freeLoopbackAddress(b)
+	fmt.Printf("marina's profiles: http://%s/debug/pprof/\n", pprof)
 	ctl := exec.Command(marina, "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
-		"--local-provider-dir", root, "--bin-dir", binDir, "--metrics-bind-address=0", "--health-probe-bind-address=0", "--webhook-port=0")
+		"--local-provider-dir", root, "--bin-dir", binDir, "--metrics-bind-address=0", "--health-probe-bind-address=0", "--webhook-port=0",
+		"--pprof-bind-address", pprof)
 	logFile, err := os.Create(filepath.Join(tmp, "controller.log"))
 	must(b, err)
 	defer logFile.Close()
@@ -220,4 +224,12 @@ func largestFirst(counts map[string]float64) string {
 		parts = append(parts, fmt.Sprintf("%s %.0f", k, counts[k]))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// freeLoopbackAddress is a 127.0.0.1 port nothing listens on now.
+func freeLoopbackAddress(b *testing.B) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(b, err)
+	defer l.Close()
+	return l.Addr().String()
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,6 +42,9 @@ Replicas elect a leader, so only one acts at a time. Without --kubeconfig it
 uses the in-cluster configuration, as in the Deployment under config/.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkLoopback(opts.PprofAddr); err != nil {
+				return fmt.Errorf("--pprof-bind-address: %w", err)
+			}
 			cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 			if err != nil {
 				return fmt.Errorf("loading kubeconfig: %w", err)
@@ -122,6 +126,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, `address of the metrics endpoint ("0" disables it)`)
 	f.BoolVar(&opts.SecureMetrics, "metrics-secure", opts.SecureMetrics, "serve metrics over HTTPS, only to callers allowed to get /metrics (ClusterRole marina-metrics-reader)")
 	f.StringVar(&opts.HealthAddr, "health-probe-bind-address", opts.HealthAddr, `address of /healthz and /readyz ("0" disables them)`)
+	f.StringVar(&opts.PprofAddr, "pprof-bind-address", "", `address of Go's /debug/pprof profiles, unauthenticated: give a loopback one ("" disables it)`)
 	return cmd
 }
 
@@ -132,4 +137,20 @@ func splitNamespacedName(s string) (namespace, name string, err error) {
 		return "", "", fmt.Errorf("%q is not namespace/name", s)
 	}
 	return namespace, name, nil
+}
+
+// checkLoopback refuses an address that is not on a loopback interface:
+// what is served there has no authentication. "" and "0" serve nothing.
+func checkLoopback(addr string) error {
+	if addr == "" || addr == "0" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("%s is not a loopback address: profiles are served without authentication", addr)
+	}
+	return nil
 }

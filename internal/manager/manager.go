@@ -40,6 +40,9 @@ type Options struct {
 	SecureMetrics bool
 	// HealthAddr serves /healthz and /readyz; "0" disables them.
 	HealthAddr string
+	// PprofAddr serves Go's /debug/pprof (profiles, goroutine dumps);
+	// "" or "0" disables it. It has no authentication: loopback only.
+	PprofAddr string
 	// Providers make the real machines; the machine controller acts only on
 	// the providerSpec kinds they own.
 	Providers []provider.Provider
@@ -110,6 +113,7 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		LeaderElectionReleaseOnCancel: true,
 		Metrics:                       metricsOpts,
 		HealthProbeBindAddress:        opts.HealthAddr,
+		PprofBindAddress:              opts.PprofAddr,
 		WebhookServer:                 webhookServer,
 	})
 	if err != nil {
