@@ -28,6 +28,7 @@ import (
 var (
 	fleetClusters = flag.Int("clusters", 10, "clusters BenchmarkFleet makes")
 	fleetProgress = flag.Duration("progress", 15*time.Second, "how often BenchmarkFleet prints the machines by phase and the cores each kind of process used")
+	fleetKeepLog  = flag.String("keep-log", "", "where BenchmarkFleet copies marina's log before removing its directory")
 	fleetAgent    = flag.String("agent", "Pooled", "how BenchmarkFleet's workers run: Pooled (one process per cluster) or Process (one per worker)")
 )
 
@@ -77,16 +78,22 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 		// cleanupSandboxes removes again.
 		_ = ctl.Process.Signal(syscall.SIGTERM)
 		_ = ctl.Wait()
+		if *fleetKeepLog != "" {
+			if data, err := os.ReadFile(logFile.Name()); err == nil {
+				_ = os.WriteFile(*fleetKeepLog, data, 0o600)
+			}
+		}
 		cleanupSandboxes(b, marina, root)
 	}()
 
 	cs := kubernetes.NewForConfigOrDie(mgmt.Config)
 	writesBefore, conflictsBefore := apiWritesAndConflicts(b, cs)
 	byResourceBefore := writesByKind(b, cs)
+	machines := machineCache(b, mgmt)
 	start := time.Now()
 	progressCtx, stopProgress := context.WithCancel(ctx)
 	defer stopProgress()
-	go progress(progressCtx, mgmt.Client, root, ctl.Process.Pid, start, *fleetProgress)
+	go progress(progressCtx, machines, root, ctl.Process.Pid, start, *fleetProgress)
 	for c := range clusters {
 		name := fmt.Sprintf("fleet-%02d", c)
 		must(b, mgmt.Client.Create(ctx, benchCluster(name, cps)))
@@ -97,7 +104,7 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 	}
 	total := clusters * (cps + workersEach)
 
-	readyAt := waitRunning(b, mgmt.Client, total, start, 30*time.Minute, logFile.Name())
+	readyAt := waitRunning(b, machines, total, start, 30*time.Minute, logFile.Name())
 	all := time.Since(start)
 	stopProgress()
 	testenv.Eventually(b, 2*time.Minute, "every cluster Ready", func() error {

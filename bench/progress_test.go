@@ -21,7 +21,7 @@ import (
 // time goes, as it goes. The management plane is the benchmark's own
 // children; marina is ctlPID; the rest are the processes under root, by
 // program (etcd, kube-apiserver, …, node-agent, load-balancer).
-func progress(ctx context.Context, c client.Client, root string, ctlPID int, start time.Time, period time.Duration) {
+func progress(ctx context.Context, c client.Reader, root string, ctlPID int, start time.Time, period time.Duration) {
 	last := cpuByProgram(root, ctlPID)
 	lastAt := time.Now()
 	for {
