@@ -33,6 +33,9 @@ type Options struct {
 	// crashAt, in tests only, aborts a reconcile at a named step, as if the
 	// process had been killed there.
 	crashAt func(step string) bool
+	// cacheLag, in tests only, stands between the controller and its
+	// cache, to show a cache that lags behind the API server.
+	cacheLag func(client.Client) client.Client
 }
 
 // Reconciler reconciles MachineSets.
@@ -69,6 +72,9 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 		opts:           opts,
 		now:            time.Now,
 		statusThrottle: NewThrottle(opts.StatusInterval),
+	}
+	if opts.cacheLag != nil {
+		r.client = opts.cacheLag(r.client)
 	}
 	if err := index.AddMachineCluster(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return nil, err

@@ -132,7 +132,7 @@ func (r *Reconciler) listMachines(ctx context.Context, ms *clusterv1.MachineSet)
 	if err := r.live.List(ctx, live, client.InNamespace(ms.Namespace)); err != nil {
 		return nil, fmt.Errorf("listing machines of machineset %s: %w", klog.KObj(ms), err)
 	}
-	r.writes.read(ms.UID)
+	r.writes.read(ms.UID, live.Items)
 	r.liveLists.Add(1)
 	return live.Items, nil
 }

@@ -3,6 +3,7 @@ package machineset
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -291,5 +292,47 @@ func TestSettledSetReadsItsCache(t *testing.T) {
 	}
 	if n := len(machinesIn(t, f.NS)); n != 20 {
 		t.Errorf("%d machines, want 20", n)
+	}
+}
+
+// laggingCache hides from lists the machines created in the last lag: a
+// cache behind the API server, as under load.
+type laggingCache struct {
+	client.Client
+	lag time.Duration
+}
+
+func (c laggingCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := c.Client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	if ml, ok := list.(*clusterv1.MachineList); ok {
+		ml.Items = slices.DeleteFunc(ml.Items, func(m clusterv1.Machine) bool { return time.Since(m.CreationTimestamp.Time) < c.lag })
+	}
+	return nil
+}
+
+// A cache that lags behind the set's own creations never makes it create
+// more: 60 machines, not one more, while every machine change queues the
+// set again.
+func TestLaggingCacheMakesNoExtraMachine(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f, Options{StatusInterval: -1, cacheLag: func(c client.Client) client.Client { return laggingCache{c, 3 * time.Second} }}, false)
+	ms := newSet(f, "lagging", 60)
+	create(t, ms)
+	waitOwned(t, ms, 60, -1, machineTimeout)
+	// Touch every machine while the cache still hides some: each touch
+	// queues the set.
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, m := range machinesIn(t, f.NS) {
+			before := m.DeepCopy()
+			m.Annotations = map[string]string{"touched": time.Now().Format(time.RFC3339Nano)}
+			_ = mgmt.Client.Patch(ctx, &m, client.MergeFrom(before))
+		}
+	}
+	if n := len(machinesIn(t, f.NS)); n != 60 {
+		t.Errorf("%d machines, want 60", n)
 	}
 }

@@ -22,15 +22,32 @@ type writes struct {
 	sets map[types.UID]map[string]string
 }
 
-// read records that the set's machines were just read from the API server,
-// which shows every write acknowledged before.
-func (w *writes) read(set types.UID) {
+// read records that the set's machines were just read from the API
+// server, live. The writes still pending stay so until the cache shows
+// them: a pass after this one reads the cache again, which may still lag
+// (forgetting them here made a lagging cache read as complete, and a set
+// made 25 machines too many in a test). A creation whose machine is not
+// live any more is dropped, as the cache will never show it.
+func (w *writes) read(set types.UID, live []clusterv1.Machine) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.sets == nil {
 		w.sets = map[types.UID]map[string]string{}
 	}
-	w.sets[set] = map[string]string{}
+	pending, ok := w.sets[set]
+	if !ok {
+		w.sets[set] = map[string]string{}
+		return
+	}
+	exists := make(map[string]bool, len(live))
+	for i := range live {
+		exists[live[i].Name] = true
+	}
+	for name, rv := range pending {
+		if rv != "" && !exists[name] {
+			delete(pending, name)
+		}
+	}
 }
 
 // wrote records a write of machine name about set: rv is what the write

@@ -44,7 +44,7 @@ func TestWritesCaughtUp(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var w writes
 			if tc.read {
-				w.read(set)
+				w.read(set, nil)
 			}
 			for name, rv := range tc.writes {
 				w.wrote(set, name, rv)
@@ -60,7 +60,7 @@ func TestWritesCaughtUp(t *testing.T) {
 func TestWritesShownAreForgotten(t *testing.T) {
 	const set = types.UID("set")
 	var w writes
-	w.read(set)
+	w.read(set, nil)
 	w.wrote(set, "a", "10")
 	a := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "10"}}
 	if !w.caughtUp(set, []clusterv1.Machine{a}) {
@@ -74,5 +74,29 @@ func TestWritesShownAreForgotten(t *testing.T) {
 	w.forget(set)
 	if w.caughtUp(set, nil) {
 		t.Error("a forgotten set is trusted")
+	}
+}
+
+// A live read keeps the writes the cache has not shown: the next pass
+// reads the cache again, which may still lag. A creation whose machine is
+// gone is dropped, as the cache would never show it.
+func TestLiveReadKeepsWritesTheCacheHasNotShown(t *testing.T) {
+	const set = types.UID("set")
+	var w writes
+	w.read(set, nil)
+	w.wrote(set, "a", "10")
+	w.wrote(set, "b", "11")
+	w.wrote(set, "c", "")
+	a := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "10"}}
+	w.read(set, []clusterv1.Machine{a}) // b is gone; c's deletion may not be shown yet
+	c := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "c", ResourceVersion: "5"}}
+	if w.caughtUp(set, []clusterv1.Machine{c}) {
+		t.Error("after a live read, a cache showing none of a's creation is trusted")
+	}
+	if w.caughtUp(set, []clusterv1.Machine{a, c}) {
+		t.Error("a cache showing c not being deleted is trusted")
+	}
+	if !w.caughtUp(set, []clusterv1.Machine{a}) {
+		t.Error("a cache showing a, and c gone, is not trusted: b's creation was not dropped")
 	}
 }
