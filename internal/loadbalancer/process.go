@@ -15,6 +15,7 @@ import (
 
 	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/flock"
+	"marina.dev/marina/internal/nice"
 )
 
 // ErrRunning says a balancer already runs in the directory: it holds the
@@ -90,7 +91,8 @@ func Start(ctx context.Context, dir string, command []string, timeout time.Durat
 	// HTTPS_PROXY) reaches it: it needs its directory only.
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
+	// Below the management plane, as the simulated machines it serves.
+	err = nice.Start(cmd, nice.Machines)
 	logFile.Close()
 	if err != nil {
 		return 0, fmt.Errorf("starting %s: %w", command[0], err)

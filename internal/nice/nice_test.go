@@ -1,0 +1,46 @@
+package nice
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// The process started, and the children it forks, run at the nice value
+// given; the caller's threads keep theirs.
+func TestStartLowersThePriorityOfTheProcessAndItsChildren(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "nice")
+	// The shell reports its own nice value and its child's (field 19 of
+	// /proc/<pid>/stat).
+	cmd := exec.Command("/bin/sh", "-c", `cut -d' ' -f19 /proc/$$/stat > "$1"; sh -c 'cut -d" " -f19 /proc/$$/stat' >> "$1"`, "sh", out)
+	if err := Start(cmd, Machines); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range strings.Fields(string(data)) {
+		if n, _ := strconv.Atoi(f); n != Machines {
+			t.Errorf("process %d of the command runs at nice %s, want %d", i, f, Machines)
+		}
+	}
+	if len(strings.Fields(string(data))) != 2 {
+		t.Fatalf("reported %q, want two nice values", data)
+	}
+	self, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// getpriority returns 20 - nice.
+	if 20-self != 0 {
+		t.Errorf("the caller's thread runs at nice %d after Start, want 0", 20-self)
+	}
+}
