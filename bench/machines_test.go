@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -183,6 +185,7 @@ func must(b *testing.B, err error) {
 // benchmarks poll it, not the API server, whose lists of a thousand
 // machines four times a second would be a load of their own.
 func machineCache(b *testing.B, env *testenv.Env) client.Reader {
+	ctrl.SetLogger(logr.Discard()) // the cache's watch would complain of no logger
 	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, ByObject: map[client.Object]cache.ByObject{&clusterv1.Machine{}: {}}})
 	must(b, err)
 	ctx, cancel := context.WithCancel(context.Background())

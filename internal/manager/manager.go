@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -104,7 +105,10 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme.New(),
+		Scheme: scheme.New(),
+		// No controller reads managedFields, and they are a large part of
+		// every cached Machine: a fleet of 1,010 held them all.
+		Cache:                   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		LeaderElection:          opts.LeaderElection,
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,
@@ -148,9 +152,12 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.
 		Providers:     registry,
 		ReportUnowned: opts.ReportUnowned,
 		ExternalKinds: opts.ExternalKinds,
-		// Machine passes wait on providers and workload API servers, not
-		// on this process: a fleet of 1,010 machines queued behind 10.
-		MaxConcurrentReconciles: 32,
+		// Machine passes wait on providers, workload API servers and the
+		// management API server, not on this process: a fleet of 1,010
+		// machines queued behind 10 workers, and with 32 a goroutine dump
+		// found 15 waiting on machine status writes, 7 on workload API
+		// servers.
+		MaxConcurrentReconciles: 64,
 		ControlPlaneBootstrap:   clusters.ControlPlaneBootstrap,
 	}); err != nil {
 		return err

@@ -23,7 +23,13 @@ const Machines = 10
 // inherit. Linux keeps the value per thread and a child inherits the
 // forking thread's: the fork is made from a thread of its own, reniced
 // first and never returned to the Go scheduler.
+//
+// The thread ends right after the fork, so a parent-death signal would
+// reach the child at once: a command asking for one is refused.
 func Start(cmd *exec.Cmd, n int) error {
+	if a := cmd.SysProcAttr; a != nil && a.Pdeathsig != 0 {
+		return fmt.Errorf("starting %s at a lower priority: it asks for a parent-death signal, which the forking thread's end would send", cmd.Path)
+	}
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: the thread ends with this goroutine, so no

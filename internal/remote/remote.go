@@ -265,7 +265,10 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 	if err != nil {
 		return nil, fmt.Errorf("building clientset for cluster %s: %w", cluster, err)
 	}
-	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, ByObject: map[client.Object]cache.ByObject{}})
+	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, ByObject: map[client.Object]cache.ByObject{},
+		// Nothing reads a Node's managedFields; a thousand Nodes' are
+		// megabytes.
+		DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return nil, fmt.Errorf("building node cache for cluster %s: %w", cluster, err)
 	}
