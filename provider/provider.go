@@ -103,6 +103,11 @@ type Request struct {
 	// KubeletConfig is the kubelet configuration of spec.kubeletConfigRef
 	// (M16), checked; nil: the kubelet's defaults.
 	KubeletConfig *KubeletConfig
+	// NodeAnnotations name the Machine on its Node. A provider whose
+	// machines register their Node may put them there at registration;
+	// marina writes whatever is missing once the Node is up, a write per
+	// machine otherwise.
+	NodeAnnotations map[string]string
 }
 
 // KubeletConfig is a kubelet configuration document and where it came

@@ -92,7 +92,7 @@ func Start(ctx context.Context, dir string, command []string, timeout time.Durat
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// Below the management plane, as the simulated machines it serves.
-	err = nice.Start(cmd, nice.Machines)
+	err = nice.Start(cmd)
 	logFile.Close()
 	if err != nil {
 		return 0, fmt.Errorf("starting %s: %w", command[0], err)

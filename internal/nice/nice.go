@@ -11,35 +11,51 @@ import (
 	"fmt"
 	"os/exec"
 	"runtime"
+	"sync"
 	"syscall"
 )
 
-// Machines is the nice value of what the local provider runs: weight 110
-// against the management plane's 1024 under Linux's scheduler, so it takes
-// the CPU the management plane leaves.
+// Machines is the nice value of what Start starts: weight 110 against the
+// management plane's 1024 under Linux's scheduler, so it takes the CPU the
+// management plane leaves.
 const Machines = 10
 
-// Start starts cmd with the nice value n, which its threads and children
-// inherit. Linux keeps the value per thread and a child inherits the
-// forking thread's: the fork is made from a thread of its own, reniced
-// first and never returned to the Go scheduler.
+type request struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+var (
+	once     sync.Once
+	requests = make(chan request)
+)
+
+// Start starts cmd at nice Machines, which its threads and children
+// inherit.
 //
-// The thread ends right after the fork, so a parent-death signal would
-// reach the child at once: a command asking for one is refused.
-func Start(cmd *exec.Cmd, n int) error {
-	if a := cmd.SysProcAttr; a != nil && a.Pdeathsig != 0 {
-		return fmt.Errorf("starting %s at a lower priority: it asks for a parent-death signal, which the forking thread's end would send", cmd.Path)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread ends with this goroutine, so no
-		// other goroutine ever runs at this priority.
-		runtime.LockOSThread()
-		if err := syscall.Setpriority(syscall.PRIO_PROCESS, syscall.Gettid(), n); err != nil {
-			errc <- fmt.Errorf("lowering the priority of %s: %w", cmd.Path, err)
-			return
+// Linux keeps nice values per thread, and a child inherits the forking
+// thread's, so the forks are made from one thread of their own, reniced
+// once. That thread lives as long as the process: a thread that ends sends
+// the parent-death signal of every child it forked, and Go may have forked
+// other processes from it before (a first version ended its thread after
+// each start, and killed a test's kube-controller-manager that way).
+func Start(cmd *exec.Cmd) error {
+	once.Do(func() { go serve() })
+	done := make(chan error, 1)
+	requests <- request{cmd, done}
+	return <-done
+}
+
+// serve runs for the life of the process on its own thread, the only
+// goroutine ever to run there.
+func serve() {
+	runtime.LockOSThread() // never unlocked
+	err := syscall.Setpriority(syscall.PRIO_PROCESS, syscall.Gettid(), Machines)
+	for r := range requests {
+		if err != nil {
+			r.done <- fmt.Errorf("lowering the priority of %s: %w", r.cmd.Path, err)
+			continue
 		}
-		errc <- cmd.Start()
-	}()
-	return <-errc
+		r.done <- r.cmd.Start()
+	}
 }

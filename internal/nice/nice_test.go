@@ -17,7 +17,7 @@ func TestStartLowersThePriorityOfTheProcessAndItsChildren(t *testing.T) {
 	// The shell reports its own nice value and its child's (field 19 of
 	// /proc/<pid>/stat).
 	cmd := exec.Command("/bin/sh", "-c", `cut -d' ' -f19 /proc/$$/stat > "$1"; sh -c 'cut -d" " -f19 /proc/$$/stat' >> "$1"`, "sh", out)
-	if err := Start(cmd, Machines); err != nil {
+	if err := Start(cmd); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 
@@ -40,11 +41,15 @@ func (a *agent) capacity() corev1.ResourceList {
 	return c
 }
 
-// annotations are what the agent keeps on its Node: the kubelet
-// configuration it runs.
+// annotations are what the agent keeps on its Node: the bootstrap's (the
+// Machine's name), and the kubelet configuration it runs.
 func (a *agent) annotations() map[string]string {
-	if a.kubeletConfig == nil {
-		return nil
+	out := maps.Clone(a.boot.Annotations)
+	if a.kubeletConfig != nil {
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[clusterv1.KubeletConfigAnnotation] = a.kubeletConfig.Reported()
 	}
-	return map[string]string{clusterv1.KubeletConfigAnnotation: a.kubeletConfig.Reported()}
+	return out
 }

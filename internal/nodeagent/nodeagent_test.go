@@ -66,6 +66,8 @@ func bootstrapDir(t *testing.T, node, token string) (string, *sandbox.Bootstrap)
 		Address:    "127.9.8.7",
 		Labels:     map[string]string{"example.marina.dev/pool": "default"},
 		Taints:     []corev1.Taint{{Key: "example.marina.dev/dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule}},
+		// marina's names for the Machine, which spare it a Node write.
+		Annotations: map[string]string{"cluster.marina.dev/machine": node},
 		Capacity: corev1.ResourceList{
 			corev1.ResourceCPU:    resource.MustParse("2"),
 			corev1.ResourceMemory: resource.MustParse("4Gi"),
@@ -339,6 +341,9 @@ func checkNode(t *testing.T, n *corev1.Node, b *sandbox.Bootstrap) {
 		if n.Labels[k] != v {
 			t.Errorf("label %s = %q, want %q", k, n.Labels[k], v)
 		}
+	}
+	if got := n.Annotations["cluster.marina.dev/machine"]; got != b.NodeName {
+		t.Errorf("annotation cluster.marina.dev/machine = %q, want %q", got, b.NodeName)
 	}
 	// The API server adds node.kubernetes.io/not-ready at creation (the
 	// node lifecycle controller, absent here, removes it): look for ours.

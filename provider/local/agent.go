@@ -45,7 +45,7 @@ func (p *Provider) startAgent(ctx context.Context, dir, flag string) error {
 	// terminal reaches it, and it outlives the controller.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// Below the management plane, as on hosts of its own.
-	err = nice.Start(cmd, nice.Machines)
+	err = nice.Start(cmd)
 	logFile.Close()
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", p.opts.AgentCommand[0], err)

@@ -111,8 +111,9 @@ func request(name string) *provider.Request {
 			Labels:      map[string]string{"example.marina.dev/pool": "default"},
 			Taints:      []corev1.Taint{{Key: "example.marina.dev/dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule}},
 		},
-		ProviderSpec: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","pods":110,"gpus":1}}`),
-		Bootstrap:    provider.Bootstrap{Server: "https://127.0.0.1:1", Token: "test-token"},
+		ProviderSpec:    []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","pods":110,"gpus":1}}`),
+		Bootstrap:       provider.Bootstrap{Server: "https://127.0.0.1:1", Token: "test-token"},
+		NodeAnnotations: map[string]string{"cluster.marina.dev/machine": name},
 	}
 }
 
@@ -283,7 +284,8 @@ func TestCreateIsIdempotent(t *testing.T) {
 	gpus := b.Capacity[GPUResource]
 	if b.NodeName != "worker-0" || b.ProviderID != first.ProviderID || b.Token != "test-token" ||
 		b.KubeletVersion != "v1.37.2" || b.Labels["example.marina.dev/pool"] != "default" ||
-		len(b.Taints) != 1 || gpus.Value() != 1 || b.Address != first.Addresses[0].Address {
+		len(b.Taints) != 1 || gpus.Value() != 1 || b.Address != first.Addresses[0].Address ||
+		b.Annotations["cluster.marina.dev/machine"] != "worker-0" {
 		t.Errorf("bootstrap = %+v", b)
 	}
 }

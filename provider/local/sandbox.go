@@ -159,6 +159,7 @@ func bootstrapFor(req *provider.Request, m *LocalMachine, addr string) *sandbox.
 		Address:                 addr,
 		Labels:                  req.Machine.Labels,
 		Taints:                  req.Machine.Taints,
+		Annotations:             req.NodeAnnotations,
 		Capacity:                capacity,
 		KubeletVersion:          string(req.Machine.Versions.Kubelet),
 		ContainerRuntimeVersion: runtimeVersion,

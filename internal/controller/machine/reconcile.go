@@ -231,7 +231,7 @@ func (r *Reconciler) provision(ctx context.Context, m *clusterv1.Machine, prov p
 	inst, err := prov.Create(ctx, &provider.Request{
 		UID: m.UID, Namespace: m.Namespace, Name: m.Name,
 		Machine: *spec, ProviderSpec: resolved.ProviderSpec.Raw, Bootstrap: *boot,
-		KubeletConfig: kubeletConfig,
+		KubeletConfig: kubeletConfig, NodeAnnotations: nodeAnnotations(m),
 	})
 	if err != nil {
 		if provider.IsInvalidSpec(err) {

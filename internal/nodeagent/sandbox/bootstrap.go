@@ -54,6 +54,8 @@ type Bootstrap struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Taints are put on the Node at registration.
 	Taints []corev1.Taint `json:"taints,omitempty"`
+	// Annotations are put on the Node at registration.
+	Annotations map[string]string `json:"annotations,omitempty"`
 	// Capacity is the Node's capacity (and allocatable).
 	Capacity corev1.ResourceList `json:"capacity"`
 	// KubeletVersion is reported in status.nodeInfo.kubeletVersion.
