@@ -140,7 +140,7 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 	fmt.Printf("all Running with Ready Nodes in:  %s (%.1f machines/s)\n", all.Round(time.Millisecond), float64(total)/all.Seconds())
 	fmt.Printf("median machine:                   %s\n", durations[len(durations)/2].Round(time.Millisecond))
 	fmt.Printf("management API writes:            %.0f, %.2f per machine; 409 conflicts: %.0f\n", writes, writes/float64(total), conflicts)
-	fmt.Printf("  by resource and verb:           %s\n", largestFirst(byResource))
+	fmt.Printf("  by resource and verb:           %s\n", largestFirst(byResource, "%.0f", 1))
 	fmt.Printf("marina controller:                peak RSS %.0f MiB, CPU %.1f s\n", marinaRSS, marinaCPU)
 	for _, g := range []string{"agents", "control planes", "endpoints"} {
 		fmt.Printf("%-34s%d processes, summed peak RSS %.0f MiB, CPU %.1f s\n", g+":", groups[g].n, groups[g].peakMiB, groups[g].cpu)
@@ -203,32 +203,42 @@ func statusKB(pid int, field string) int {
 	return 0
 }
 
-// cpuSeconds is a process's user and system CPU time; 0 when gone.
-func cpuSeconds(pid int) float64 {
+// statFields are the fields of /proc/<pid>/stat after the command (in
+// parentheses, which may hold spaces): the state is the first; nil when
+// the process is gone.
+func statFields(pid int) []string {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
+		return nil
+	}
+	s := string(data)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+}
+
+// cpuSeconds is a process's user and system CPU time; 0 when gone.
+func cpuSeconds(pid int) float64 {
+	fields := statFields(pid)
+	if len(fields) < 13 {
 		return 0
 	}
-	// The fields after the command (in parentheses, which may hold spaces).
-	s := string(data)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
 	utime, _ := strconv.ParseFloat(fields[11], 64)
 	stime, _ := strconv.ParseFloat(fields[12], 64)
 	return (utime + stime) / 100 // clock ticks (USER_HZ)
 }
 
-// largestFirst prints counts, largest first, leaving out zeros.
-func largestFirst(counts map[string]float64) string {
+// largestFirst prints counts, largest first, each in format, leaving out
+// those below least.
+func largestFirst(counts map[string]float64, format string, least float64) string {
 	keys := make([]string, 0, len(counts))
 	for k, v := range counts {
-		if v != 0 {
+		if v >= least {
 			keys = append(keys, k)
 		}
 	}
 	sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] })
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %.0f", k, counts[k]))
+		parts = append(parts, fmt.Sprintf("%s "+format, k, counts[k]))
 	}
 	return strings.Join(parts, ", ")
 }

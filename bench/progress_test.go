@@ -45,7 +45,7 @@ func progress(ctx context.Context, c client.Reader, root string, ctlPID int, sta
 			}
 		}
 		last, lastAt = now, nowAt
-		fmt.Printf("%6.0fs machines %v; cores %s\n", time.Since(start).Seconds(), sortedCounts(phases), largestFirstCores(cores))
+		fmt.Printf("%6.0fs machines %v; cores %s\n", time.Since(start).Seconds(), sortedCounts(phases), largestFirst(cores, "%.2f", 0.005))
 	}
 }
 
@@ -89,12 +89,10 @@ func program(cmdline []byte) string {
 }
 
 func parentPID(pid int) int {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
+	fields := statFields(pid)
+	if len(fields) < 2 {
 		return 0
 	}
-	s := string(data)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
 	ppid, _ := strconv.Atoi(fields[1])
 	return ppid
 }
@@ -108,21 +106,6 @@ func sortedCounts(m map[string]int) string {
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
-	}
-	return strings.Join(parts, ", ")
-}
-
-func largestFirstCores(m map[string]float64) string {
-	keys := make([]string, 0, len(m))
-	for k, v := range m {
-		if v >= 0.005 {
-			keys = append(keys, k)
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
-	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %.2f", k, m[k]))
 	}
 	return strings.Join(parts, ", ")
 }

@@ -391,24 +391,10 @@ func nodeCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondi
 // An agent renews its token past half its life, keeps working with the new
 // one, and records it in the sandbox for its next start.
 func TestAgentRenewsItsToken(t *testing.T) {
-	ctx := t.Context()
-	cs := adminClient(t)
-	if err := EnsureIdentity(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	token, err := IssueToken(ctx, cs, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := "renew-" + rand.String(6)
-	dir, _ := bootstrapDir(t, node, token)
 	renewing := fast
 	renewing.tokenCheck = 100 * time.Millisecond
 	renewing.tokenRenewFraction = 0 // any token is old enough
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, dir, renewing) }()
-	t.Cleanup(func() { stop(); <-done })
+	node, dir, token := runAgent(t, "renew-", renewing)
 
 	var renewed string
 	eventually(t, 30*time.Second, "a renewed token in the sandbox", func() error {
@@ -433,7 +419,7 @@ func TestAgentRenewsItsToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := agentCS.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil {
+	if _, err := agentCS.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{}); err != nil {
 		t.Errorf("the renewed token does not work: %v", err)
 	}
 }
@@ -456,24 +442,15 @@ func TestRenewAtHalfLife(t *testing.T) {
 func TestAgentPostsStatusOnlyWhenItDiffers(t *testing.T) {
 	ctx := t.Context()
 	cs := adminClient(t)
-	if err := EnsureIdentity(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	token, err := IssueToken(ctx, cs, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := "status-" + rand.String(6)
-	dir, _ := bootstrapDir(t, node, token)
 	quiet := fast
 	quiet.statusUpdate = 200 * time.Millisecond
 	quiet.statusReport = time.Hour
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, dir, quiet) }()
-	t.Cleanup(func() { stop(); <-done })
+	node, _, _ := runAgent(t, "status-", quiet)
 
-	var n *corev1.Node
+	var (
+		n   *corev1.Node
+		err error
+	)
 	eventually(t, 30*time.Second, "node registered and Ready", func() error {
 		n, err = cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
@@ -514,4 +491,26 @@ func TestAgentPostsStatusOnlyWhenItDiffers(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// runAgent runs, until the test ends, an agent of a new sandbox whose node
+// name starts with prefix, joining with a fresh token.
+func runAgent(t *testing.T, prefix string, timing timing) (node, dir, token string) {
+	t.Helper()
+	ctx := t.Context()
+	cs := adminClient(t)
+	if err := EnsureIdentity(ctx, cs); err != nil {
+		t.Fatal(err)
+	}
+	token, err := IssueToken(ctx, cs, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node = prefix + rand.String(6)
+	dir, _ = bootstrapDir(t, node, token)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, dir, timing) }()
+	t.Cleanup(func() { stop(); <-done })
+	return node, dir, token
 }
