@@ -9,6 +9,7 @@ package nice
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
 	"sync"
@@ -47,15 +48,31 @@ func Start(cmd *exec.Cmd) error {
 }
 
 // serve runs for the life of the process on its own thread, the only
-// goroutine ever to run there.
+// goroutine ever to run there. A process already at nice Machines or more
+// is left where it is (lowering a nice value needs privileges); one that
+// cannot be reniced starts its children at its own priority, as the
+// priority is about sharing the CPU well, not about working at all.
 func serve() {
 	runtime.LockOSThread() // never unlocked
-	err := syscall.Setpriority(syscall.PRIO_PROCESS, syscall.Gettid(), Machines)
-	for r := range requests {
-		if err != nil {
-			r.done <- fmt.Errorf("lowering the priority of %s: %w", r.cmd.Path, err)
-			continue
-		}
-		r.done <- r.cmd.Start()
+	tid := syscall.Gettid()
+	if raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid); err == nil && 20-raw < Machines {
+		_ = syscall.Setpriority(syscall.PRIO_PROCESS, tid, Machines)
 	}
+	for r := range requests {
+		err := r.cmd.Start()
+		if err == nil && r.cmd.SysProcAttr != nil && r.cmd.SysProcAttr.Setsid {
+			setAutogroup(r.cmd.Process.Pid)
+		}
+		r.done <- err
+	}
+}
+
+// setAutogroup renices the scheduling group of a new session. Where the
+// kernel groups tasks by session (autogroup, in the root CPU cgroup), a
+// nice value orders tasks only within their group, and each session
+// shares the CPU equally with the others: a hundred sessions of simulated
+// machines would take a hundred shares to the management plane's one. A
+// kernel without autogroups has no such file; nothing is done.
+func setAutogroup(pid int) {
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/autogroup", pid), []byte(fmt.Sprint(Machines)), 0)
 }

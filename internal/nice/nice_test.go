@@ -1,6 +1,7 @@
 package nice
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,5 +43,26 @@ func TestStartLowersThePriorityOfTheProcessAndItsChildren(t *testing.T) {
 	// getpriority returns 20 - nice.
 	if 20-self != 0 {
 		t.Errorf("the caller's thread runs at nice %d after Start, want 0", 20-self)
+	}
+}
+
+// A command in a session of its own gets its scheduling group reniced
+// too, where the kernel groups tasks by session.
+func TestStartRenicesANewSessionsGroup(t *testing.T) {
+	if _, err := os.Stat("/proc/self/autogroup"); err != nil {
+		t.Skip("no autogroups on this kernel")
+	}
+	cmd := exec.Command("/bin/sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/autogroup", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(string(data)), "nice "+strconv.Itoa(Machines)) {
+		t.Errorf("the session's group is %q, want nice %d", strings.TrimSpace(string(data)), Machines)
 	}
 }

@@ -15,9 +15,13 @@ type modWatch struct {
 	last time.Time
 }
 
+// recent is how long after its modification a file still reads as
+// changed at every look: two of the slowest watcher's looks (one a second),
+// since a second change in the same clock tick would not move the time.
+const recent = 2 * time.Second
+
 // changed reports whether path may have changed since the last call that
-// returned true. A time within the last second counts as changed, since a
-// second change in the same clock tick would not move it; so does a path
+// returned true. A time within recent counts as changed; so does a path
 // that cannot be read, for the caller to find out why.
 func (w *modWatch) changed() bool {
 	fi, err := os.Stat(w.path)
@@ -26,9 +30,13 @@ func (w *modWatch) changed() bool {
 		return true
 	}
 	mtime := fi.ModTime()
-	if mtime.Equal(w.last) && time.Since(mtime) >= time.Second {
+	if mtime.Equal(w.last) && time.Since(mtime) >= recent {
 		return false
 	}
 	w.last = mtime
 	return true
 }
+
+// retry makes the next look read the file again: what the caller did with
+// it failed.
+func (w *modWatch) retry() { w.last = time.Time{} }

@@ -36,7 +36,13 @@ func TestModWatch(t *testing.T) {
 	}
 	write("c", time.Now())
 	if !w.changed() || !w.changed() {
-		t.Error("a file written within the last second must read as changed on every look")
+		t.Error("a file written just now must read as changed on every look")
+	}
+	write("d", hourAgo.Add(2*time.Minute))
+	w.changed()
+	w.retry()
+	if !w.changed() {
+		t.Error("after retry, an unchanged file reads as unchanged: a failed apply would never be tried again")
 	}
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)

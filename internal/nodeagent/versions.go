@@ -49,11 +49,13 @@ func (a *agent) watchVersions(ctx context.Context) {
 		v, err := sandbox.ReadVersions(a.dir)
 		if err != nil {
 			a.log.Error(err, "Reading the versions file failed")
+			file.retry()
 			return
 		}
 		if a.cp != nil {
 			if err := a.cp.setVersions(v); err != nil {
 				a.log.Error(err, "Applying the control-plane versions failed")
+				file.retry()
 			}
 		}
 		if v.Kubelet != "" && a.kubelet.set(v.Kubelet) {

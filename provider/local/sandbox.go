@@ -36,6 +36,12 @@ var allocMu sync.Mutex
 // queued behind one another's fsyncs, about five sandboxes a second.
 var reserved = map[string]bool{}
 
+// building holds, under allocMu, the machines whose sandbox is being
+// written: a second build of one (another Provider over the same root, as
+// after an in-process restart) would remove the first one's temporary
+// directory as a crash's leftover.
+var building = map[types.UID]bool{}
+
 // sandboxAddresses remembers the address of each sandbox directory seen, as
 // it never changes: reading every sandbox's bootstrap on every allocation
 // made creating a fleet quadratic (a benchmark of 1,010 machines found 28
@@ -57,7 +63,7 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 	}
 	// Released once the sandbox is in place and its address remembered,
 	// or given up.
-	defer release(addr)
+	defer release(req.UID, addr)
 	b := bootstrapFor(req, m, addr)
 
 	tmp, err := os.MkdirTemp(p.root, tmpPrefix+string(req.UID)+"-")
@@ -108,6 +114,9 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 func (p *Provider) reserveAddress(uid types.UID) (string, error) {
 	allocMu.Lock()
 	defer allocMu.Unlock()
+	if building[uid] {
+		return "", fmt.Errorf("the sandbox of machine %s is being built by another call: try again", uid)
+	}
 	if err := p.removeLeftovers(uid); err != nil {
 		return "", err
 	}
@@ -120,13 +129,15 @@ func (p *Provider) reserveAddress(uid types.UID) (string, error) {
 		return "", err
 	}
 	reserved[addr] = true
+	building[uid] = true
 	return addr, nil
 }
 
-func release(addr string) {
+func release(uid types.UID, addr string) {
 	allocMu.Lock()
 	defer allocMu.Unlock()
 	delete(reserved, addr)
+	delete(building, uid)
 }
 
 // bootstrapFor is what the agent of req's machine needs to know.

@@ -132,7 +132,7 @@ func (r *Reconciler) listMachines(ctx context.Context, ms *clusterv1.MachineSet)
 	if err := r.live.List(ctx, live, client.InNamespace(ms.Namespace)); err != nil {
 		return nil, fmt.Errorf("listing machines of machineset %s: %w", klog.KObj(ms), err)
 	}
-	r.writes.read(ms.UID, live.Items)
+	r.writes.read(ms.UID, slices.DeleteFunc(slices.Clone(live.Items), func(m clusterv1.Machine) bool { return m.Spec.ClusterName != ms.Spec.ClusterName }))
 	r.liveLists.Add(1)
 	return live.Items, nil
 }
@@ -146,9 +146,11 @@ func (r *Reconciler) adopt(ctx context.Context, ms *clusterv1.MachineSet, m *clu
 		return false, nil // another controller owns it after all
 	}
 	if err := r.client.Patch(ctx, m, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
+		// A conflict too: the cached copy was stale, and counting without
+		// this machine would make the pass create one in its place.
 		return false, fmt.Errorf("adopting machine %s: %w", klog.KObj(m), err)
 	}
 	r.writes.wrote(ms.UID, m.Name, m.ResourceVersion)
@@ -166,9 +168,10 @@ func (r *Reconciler) release(ctx context.Context, ms *clusterv1.MachineSet, m *c
 	}
 	m.OwnerReferences = refs
 	if err := r.client.Patch(ctx, m, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		if apierrors.IsNotFound(err) {
 			return nil
 		}
+		// A conflict too, as for adopt: look again before counting.
 		return fmt.Errorf("releasing machine %s: %w", klog.KObj(m), err)
 	}
 	r.writes.wrote(ms.UID, m.Name, m.ResourceVersion)

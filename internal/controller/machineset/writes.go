@@ -22,12 +22,15 @@ type writes struct {
 	sets map[types.UID]map[string]string
 }
 
-// read records that the set's machines were just read from the API
-// server, live. The writes still pending stay so until the cache shows
-// them: a pass after this one reads the cache again, which may still lag
-// (forgetting them here made a lagging cache read as complete, and a set
-// made 25 machines too many in a test). A creation whose machine is not
-// live any more is dropped, as the cache will never show it.
+// read records what a live read of the set's cluster's machines showed:
+// the cache is trusted again only once it shows at least as much. Each
+// live machine must be cached at its live resourceVersion or later (after
+// a restart or a failover the cache may still miss what the last process
+// made); a deletion of ours must be cached as deleting or the machine be
+// gone live. A pending write whose machine is not live any more is
+// dropped, as the cache would never show it. Pending writes are not
+// forgotten otherwise: a pass after this one reads the cache again, which
+// may still lag (forgetting them made a set of 60 reach 85 in a test).
 func (w *writes) read(set types.UID, live []clusterv1.Machine) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -36,17 +39,24 @@ func (w *writes) read(set types.UID, live []clusterv1.Machine) {
 	}
 	pending, ok := w.sets[set]
 	if !ok {
-		w.sets[set] = map[string]string{}
-		return
+		pending = map[string]string{}
+		w.sets[set] = pending
 	}
 	exists := make(map[string]bool, len(live))
 	for i := range live {
 		exists[live[i].Name] = true
 	}
-	for name, rv := range pending {
-		if rv != "" && !exists[name] {
+	for name := range pending {
+		if !exists[name] {
 			delete(pending, name)
 		}
+	}
+	for i := range live {
+		m := &live[i]
+		if rv, ok := pending[m.Name]; ok && rv == "" && m.DeletionTimestamp.IsZero() {
+			continue // deleted since the list was served: keep waiting
+		}
+		pending[m.Name] = m.ResourceVersion
 	}
 }
 
@@ -93,12 +103,15 @@ func (w *writes) caughtUp(set types.UID, cached []clusterv1.Machine) bool {
 }
 
 // shows reports whether m, a machine as cached (nil: not cached), reflects
-// a write that returned rv ("" for a deletion). Resource versions are
+// a write that returned rv ("" for a deletion). A deletion is shown by a
+// cached machine being deleted: one never cached may be a machine the cache
+// has not seen yet, still draining and still counting against replicas
+// (read drops the entry once it is gone live). Resource versions are
 // compared as numbers, which etcd's are; one that is not never counts as
 // caught up, and the pass reads live instead.
 func shows(m *clusterv1.Machine, rv string) bool {
 	if rv == "" {
-		return m == nil || !m.DeletionTimestamp.IsZero()
+		return m != nil && !m.DeletionTimestamp.IsZero()
 	}
 	if m == nil {
 		return false

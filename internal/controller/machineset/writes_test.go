@@ -36,7 +36,7 @@ func TestWritesCaughtUp(t *testing.T) {
 		{name: "an older version than our write", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{cached("a", "9", false)}, want: false},
 		{name: "a resource version that is no number", read: true, writes: map[string]string{"a": "x"}, cache: []clusterv1.Machine{cached("a", "y", false)}, want: false},
 		{name: "a deletion the cache shows as deleting", read: true, writes: map[string]string{"a": ""}, cache: []clusterv1.Machine{cached("a", "10", true)}, want: true},
-		{name: "a deletion the cache shows as gone", read: true, writes: map[string]string{"a": ""}, want: true},
+		{name: "a deletion of a machine the cache never held: it may not have seen it yet", read: true, writes: map[string]string{"a": ""}, want: false},
 		{name: "a deletion the cache does not show yet", read: true, writes: map[string]string{"a": ""}, cache: []clusterv1.Machine{cached("a", "10", false)}, want: false},
 		{name: "one of two writes shown", read: true, writes: map[string]string{"a": "10", "b": "11"}, cache: []clusterv1.Machine{cached("a", "10", false)}, want: false},
 	}
@@ -78,25 +78,38 @@ func TestWritesShownAreForgotten(t *testing.T) {
 }
 
 // A live read keeps the writes the cache has not shown: the next pass
-// reads the cache again, which may still lag. A creation whose machine is
-// gone is dropped, as the cache would never show it.
+// reads the cache again, which may still lag. It also asks the cache for
+// what the live read showed (after a restart, what the last process made),
+// and drops the writes whose machine is gone.
 func TestLiveReadKeepsWritesTheCacheHasNotShown(t *testing.T) {
 	const set = types.UID("set")
+	machine := func(name, rv string, deleting bool) clusterv1.Machine {
+		m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}}
+		if deleting {
+			m.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		}
+		return m
+	}
 	var w writes
-	w.read(set, nil)
+	w.read(set, []clusterv1.Machine{machine("x", "7", false)}) // a restart: x was made before
+	if w.caughtUp(set, nil) {
+		t.Error("after a restart, a cache missing what the live read showed is trusted")
+	}
+	if !w.caughtUp(set, []clusterv1.Machine{machine("x", "7", false)}) {
+		t.Error("a cache showing what the live read showed is not trusted")
+	}
 	w.wrote(set, "a", "10")
 	w.wrote(set, "b", "11")
 	w.wrote(set, "c", "")
-	a := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "10"}}
-	w.read(set, []clusterv1.Machine{a}) // b is gone; c's deletion may not be shown yet
-	c := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "c", ResourceVersion: "5"}}
-	if w.caughtUp(set, []clusterv1.Machine{c}) {
-		t.Error("after a live read, a cache showing none of a's creation is trusted")
+	// b is gone; c's deletion was not served yet.
+	w.read(set, []clusterv1.Machine{machine("a", "10", false), machine("c", "5", false), machine("x", "7", false)})
+	if w.caughtUp(set, []clusterv1.Machine{machine("c", "5", false), machine("x", "7", false)}) {
+		t.Error("a cache showing none of a's creation is trusted")
 	}
-	if w.caughtUp(set, []clusterv1.Machine{a, c}) {
+	if w.caughtUp(set, []clusterv1.Machine{machine("a", "10", false), machine("c", "5", false), machine("x", "7", false)}) {
 		t.Error("a cache showing c not being deleted is trusted")
 	}
-	if !w.caughtUp(set, []clusterv1.Machine{a}) {
-		t.Error("a cache showing a, and c gone, is not trusted: b's creation was not dropped")
+	if !w.caughtUp(set, []clusterv1.Machine{machine("a", "10", false), machine("c", "6", true), machine("x", "7", false)}) {
+		t.Error("a cache showing a, and c being deleted, is not trusted: b's creation was not dropped")
 	}
 }
