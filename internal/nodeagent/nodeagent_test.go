@@ -114,13 +114,7 @@ func TestEnsureIdentityIsIdempotentAndRepairs(t *testing.T) {
 func TestTokenIdentity(t *testing.T) {
 	ctx := t.Context()
 	cs := adminClient(t)
-	if err := EnsureIdentity(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	token, err := IssueToken(ctx, cs, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := joinToken(t, cs)
 	_, b := bootstrapDir(t, "whoami", token)
 	agentCS, err := newClient(b, newBearerToken(b.Token))
 	if err != nil {
@@ -148,13 +142,7 @@ func TestTokenIdentity(t *testing.T) {
 func TestAgent(t *testing.T) {
 	ctx := t.Context()
 	cs := adminClient(t)
-	if err := EnsureIdentity(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	token, err := IssueToken(ctx, cs, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := joinToken(t, cs)
 	node := "agent-" + rand.String(6)
 	dir, b := bootstrapDir(t, node, token)
 
@@ -164,7 +152,10 @@ func TestAgent(t *testing.T) {
 	t.Cleanup(func() { stop(); <-done })
 
 	t.Log("the Node registers with the machine's identity and capacity, Ready")
-	var n *corev1.Node
+	var (
+		n   *corev1.Node
+		err error
+	)
 	eventually(t, 30*time.Second, "node registered and Ready", func() error {
 		n, err = cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
@@ -497,20 +488,26 @@ func TestAgentPostsStatusOnlyWhenItDiffers(t *testing.T) {
 // name starts with prefix, joining with a fresh token.
 func runAgent(t *testing.T, prefix string, timing timing) (node, dir, token string) {
 	t.Helper()
-	ctx := t.Context()
-	cs := adminClient(t)
-	if err := EnsureIdentity(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	token, err := IssueToken(ctx, cs, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	token = joinToken(t, adminClient(t))
 	node = prefix + rand.String(6)
 	dir, _ = bootstrapDir(t, node, token)
-	runCtx, stop := context.WithCancel(ctx)
+	runCtx, stop := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- run(runCtx, dir, timing) }()
 	t.Cleanup(func() { stop(); <-done })
 	return node, dir, token
+}
+
+// joinToken sets up the agents' identity on the API server and issues a
+// token of it, valid for an hour.
+func joinToken(t *testing.T, cs kubernetes.Interface) string {
+	t.Helper()
+	if err := EnsureIdentity(t.Context(), cs); err != nil {
+		t.Fatal(err)
+	}
+	token, err := IssueToken(t.Context(), cs, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token
 }

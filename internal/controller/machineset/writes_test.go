@@ -14,13 +14,6 @@ import (
 // this process made about the set since it last read the set live.
 func TestWritesCaughtUp(t *testing.T) {
 	const set = types.UID("set")
-	cached := func(name, rv string, deleting bool) clusterv1.Machine {
-		m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}}
-		if deleting {
-			m.DeletionTimestamp = &metav1.Time{Time: time.Now()}
-		}
-		return m
-	}
 	cases := []struct {
 		name   string
 		read   bool // the set was read live before the writes
@@ -30,15 +23,15 @@ func TestWritesCaughtUp(t *testing.T) {
 	}{
 		{name: "never read live in this process", read: false, want: false},
 		{name: "read live, nothing written since", read: true, want: true},
-		{name: "a creation the cache shows", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{cached("a", "10", false)}, want: true},
+		{name: "a creation the cache shows", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{testMachine("a", "10", false)}, want: true},
 		{name: "a creation the cache does not show yet", read: true, writes: map[string]string{"a": "10"}, want: false},
-		{name: "a later write than ours is shown", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{cached("a", "12", false)}, want: true},
-		{name: "an older version than our write", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{cached("a", "9", false)}, want: false},
-		{name: "a resource version that is no number", read: true, writes: map[string]string{"a": "x"}, cache: []clusterv1.Machine{cached("a", "y", false)}, want: false},
-		{name: "a deletion the cache shows as deleting", read: true, writes: map[string]string{"a": ""}, cache: []clusterv1.Machine{cached("a", "10", true)}, want: true},
+		{name: "a later write than ours is shown", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{testMachine("a", "12", false)}, want: true},
+		{name: "an older version than our write", read: true, writes: map[string]string{"a": "10"}, cache: []clusterv1.Machine{testMachine("a", "9", false)}, want: false},
+		{name: "a resource version that is no number", read: true, writes: map[string]string{"a": "x"}, cache: []clusterv1.Machine{testMachine("a", "y", false)}, want: false},
+		{name: "a deletion the cache shows as deleting", read: true, writes: map[string]string{"a": ""}, cache: []clusterv1.Machine{testMachine("a", "10", true)}, want: true},
 		{name: "a deletion of a machine the cache never held: it may not have seen it yet", read: true, writes: map[string]string{"a": ""}, want: false},
-		{name: "a deletion the cache does not show yet", read: true, writes: map[string]string{"a": ""}, cache: []clusterv1.Machine{cached("a", "10", false)}, want: false},
-		{name: "one of two writes shown", read: true, writes: map[string]string{"a": "10", "b": "11"}, cache: []clusterv1.Machine{cached("a", "10", false)}, want: false},
+		{name: "a deletion the cache does not show yet", read: true, writes: map[string]string{"a": ""}, cache: []clusterv1.Machine{testMachine("a", "10", false)}, want: false},
+		{name: "one of two writes shown", read: true, writes: map[string]string{"a": "10", "b": "11"}, cache: []clusterv1.Machine{testMachine("a", "10", false)}, want: false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,33 +76,35 @@ func TestWritesShownAreForgotten(t *testing.T) {
 // and drops the writes whose machine is gone.
 func TestLiveReadKeepsWritesTheCacheHasNotShown(t *testing.T) {
 	const set = types.UID("set")
-	machine := func(name, rv string, deleting bool) clusterv1.Machine {
-		m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}}
-		if deleting {
-			m.DeletionTimestamp = &metav1.Time{Time: time.Now()}
-		}
-		return m
-	}
 	var w writes
-	w.read(set, []clusterv1.Machine{machine("x", "7", false)}) // a restart: x was made before
+	w.read(set, []clusterv1.Machine{testMachine("x", "7", false)}) // a restart: x was made before
 	if w.caughtUp(set, nil) {
 		t.Error("after a restart, a cache missing what the live read showed is trusted")
 	}
-	if !w.caughtUp(set, []clusterv1.Machine{machine("x", "7", false)}) {
+	if !w.caughtUp(set, []clusterv1.Machine{testMachine("x", "7", false)}) {
 		t.Error("a cache showing what the live read showed is not trusted")
 	}
 	w.wrote(set, "a", "10")
 	w.wrote(set, "b", "11")
 	w.wrote(set, "c", "")
 	// b is gone; c's deletion was not served yet.
-	w.read(set, []clusterv1.Machine{machine("a", "10", false), machine("c", "5", false), machine("x", "7", false)})
-	if w.caughtUp(set, []clusterv1.Machine{machine("c", "5", false), machine("x", "7", false)}) {
+	w.read(set, []clusterv1.Machine{testMachine("a", "10", false), testMachine("c", "5", false), testMachine("x", "7", false)})
+	if w.caughtUp(set, []clusterv1.Machine{testMachine("c", "5", false), testMachine("x", "7", false)}) {
 		t.Error("a cache showing none of a's creation is trusted")
 	}
-	if w.caughtUp(set, []clusterv1.Machine{machine("a", "10", false), machine("c", "5", false), machine("x", "7", false)}) {
+	if w.caughtUp(set, []clusterv1.Machine{testMachine("a", "10", false), testMachine("c", "5", false), testMachine("x", "7", false)}) {
 		t.Error("a cache showing c not being deleted is trusted")
 	}
-	if !w.caughtUp(set, []clusterv1.Machine{machine("a", "10", false), machine("c", "6", true), machine("x", "7", false)}) {
+	if !w.caughtUp(set, []clusterv1.Machine{testMachine("a", "10", false), testMachine("c", "6", true), testMachine("x", "7", false)}) {
 		t.Error("a cache showing a, and c being deleted, is not trusted: b's creation was not dropped")
 	}
+}
+
+// testMachine is a Machine as a cache or a live list holds it.
+func testMachine(name, rv string, deleting bool) clusterv1.Machine {
+	m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}}
+	if deleting {
+		m.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	}
+	return m
 }
