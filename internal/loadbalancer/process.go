@@ -15,7 +15,6 @@ import (
 
 	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/flock"
-	"marina.dev/marina/internal/nice"
 )
 
 // ErrRunning says a balancer already runs in the directory: it holds the
@@ -91,8 +90,7 @@ func Start(ctx context.Context, dir string, command []string, timeout time.Durat
 	// HTTPS_PROXY) reaches it: it needs its directory only.
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	// Below the management plane, as the simulated machines it serves.
-	err = nice.Start(cmd)
+	err = cmd.Start()
 	logFile.Close()
 	if err != nil {
 		return 0, fmt.Errorf("starting %s: %w", command[0], err)

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"marina.dev/marina/internal/files"
-	"marina.dev/marina/internal/nice"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
@@ -44,8 +43,7 @@ func (p *Provider) startAgent(ctx context.Context, dir, flag string) error {
 	// Its own session: no signal sent to the controller's process group or
 	// terminal reaches it, and it outlives the controller.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	// Below the management plane, as on hosts of its own.
-	err = nice.Start(cmd)
+	err = cmd.Start()
 	logFile.Close()
 	if err != nil {
 		return fmt.Errorf("starting %s: %w", p.opts.AgentCommand[0], err)
