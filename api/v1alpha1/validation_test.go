@@ -706,6 +706,45 @@ func TestScaleSubresource(t *testing.T) {
 	}
 }
 
+// Machines are selectable by cluster on the API server (kubectl get
+// machines --field-selector spec.clusterName=prod): a MachineSet's live
+// read of a fleet's namespace reads its own cluster's machines only.
+func TestMachinesSelectableByCluster(t *testing.T) {
+	ns := env.Namespace(t)
+	referenced(t, ns)
+	ctx := context.Background()
+	staging := decode(t, validCluster)
+	staging.SetName("staging")
+	staging.SetNamespace(ns)
+	if err := env.Client.Create(ctx, staging); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"prod", "prod", "staging"} {
+		m := &clusterv1.Machine{}
+		decodeInto(t, validClassMachine, m)
+		m.GenerateName = c + "-"
+		m.Namespace = ns
+		m.Spec.ClusterName = c
+		if err := env.Client.Create(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for cluster, want := range map[string]int{"prod": 2, "staging": 1, "other": 0} {
+		var list clusterv1.MachineList
+		if err := env.Client.List(ctx, &list, client.InNamespace(ns), client.MatchingFields{"spec.clusterName": cluster}); err != nil {
+			t.Fatalf("listing the machines of cluster %s by field selector: %v", cluster, err)
+		}
+		if len(list.Items) != want {
+			t.Errorf("cluster %s: %d machines selected, want %d", cluster, len(list.Items), want)
+		}
+		for _, m := range list.Items {
+			if m.Spec.ClusterName != cluster {
+				t.Errorf("cluster %s: selected machine %s of cluster %s", cluster, m.Name, m.Spec.ClusterName)
+			}
+		}
+	}
+}
+
 // TestExamples applies every manifest under examples/, each directory in a
 // namespace of its own, and checks that the class of every machine there
 // merges with its overrides.

@@ -14,7 +14,9 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 )
 
-// MachineCluster indexes Machines by spec.clusterName.
+// MachineCluster indexes Machines by spec.clusterName. It is also the
+// Machine CRD's selectable field, so one field selector serves the cache
+// and the API server alike.
 const MachineCluster = "spec.clusterName"
 
 // added remembers which indexer already has which index.

@@ -128,11 +128,13 @@ func (r *Reconciler) listMachines(ctx context.Context, ms *clusterv1.MachineSet)
 	if r.writes.caughtUp(ms.UID, cached.Items) {
 		return cached.Items, nil
 	}
+	// The API server selects the cluster's machines itself (the CRD's
+	// selectable field): a fleet's namespace holds every cluster's.
 	live := &clusterv1.MachineList{}
-	if err := r.live.List(ctx, live, client.InNamespace(ms.Namespace)); err != nil {
+	if err := r.live.List(ctx, live, client.InNamespace(ms.Namespace), client.MatchingFields{index.MachineCluster: ms.Spec.ClusterName}); err != nil {
 		return nil, fmt.Errorf("listing machines of machineset %s: %w", klog.KObj(ms), err)
 	}
-	r.writes.read(ms.UID, slices.DeleteFunc(slices.Clone(live.Items), func(m clusterv1.Machine) bool { return m.Spec.ClusterName != ms.Spec.ClusterName }))
+	r.writes.read(ms.UID, live.Items)
 	r.liveLists.Add(1)
 	return live.Items, nil
 }
