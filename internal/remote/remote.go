@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 )
 
 // KubeconfigSecretKey is the key of the kubeconfig in a cluster's Secret.
@@ -257,15 +258,27 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 	}
 	cfg.Timeout = 30 * time.Second
 	cfg.QPS, cfg.Burst = 50, 100
-	direct, err := client.New(cfg, client.Options{Scheme: c.scheme})
+	// One HTTP client (one connection to the cluster) and one REST mapper
+	// serve the direct client, the clientset and the node cache: built
+	// apart, each had its own, three connections and two mappers per
+	// cluster.
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building HTTP client for cluster %s: %w", cluster, err)
+	}
+	mapper, err := apiutil.NewDynamicRESTMapper(cfg, hc)
+	if err != nil {
+		return nil, fmt.Errorf("building REST mapper for cluster %s: %w", cluster, err)
+	}
+	direct, err := client.New(cfg, client.Options{Scheme: c.scheme, HTTPClient: hc, Mapper: mapper})
 	if err != nil {
 		return nil, fmt.Errorf("building client for cluster %s: %w", cluster, err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfigAndClient(cfg, hc)
 	if err != nil {
 		return nil, fmt.Errorf("building clientset for cluster %s: %w", cluster, err)
 	}
-	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, ByObject: map[client.Object]cache.ByObject{},
+	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, HTTPClient: hc, Mapper: mapper, ByObject: map[client.Object]cache.ByObject{},
 		// Nothing reads a Node's managedFields; a thousand Nodes' are
 		// megabytes.
 		DefaultTransform: cache.TransformStripManagedFields()})
