@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/index"
 	"marina.dev/marina/internal/controller/machineset"
 )
 
@@ -75,6 +76,9 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 		now:            time.Now,
 		statusThrottle: machineset.NewThrottle(opts.StatusInterval),
 		scaleThrottle:  machineset.NewThrottle(opts.ScaleInterval),
+	}
+	if err := index.AddMachineCluster(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return nil, err
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&clusterv1.MachineDeployment{}).

@@ -20,6 +20,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/autoscaling"
+	"marina.dev/marina/internal/controller/index"
 	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/rollout"
 )
@@ -118,8 +119,13 @@ func (r *Reconciler) readSets(ctx context.Context, s *scope) error {
 	}
 	sort.SliceStable(s.sets, func(i, j int) bool { return revision(s.sets[i]) < revision(s.sets[j]) })
 
+	// Only the deployment's cluster's machines can be its sets', and they
+	// are only read here: not copied out of the cache (a fleet's namespace
+	// holds a thousand machines, and every machine change of the
+	// deployment's sets brings it back).
 	machines := &clusterv1.MachineList{}
-	if err := r.client.List(ctx, machines, client.InNamespace(md.Namespace)); err != nil {
+	if err := r.client.List(ctx, machines, client.InNamespace(md.Namespace), client.MatchingFields{index.MachineCluster: md.Spec.ClusterName},
+		client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing machines: %w", err)
 	}
 	s.machines = map[types.UID][]*clusterv1.Machine{}
