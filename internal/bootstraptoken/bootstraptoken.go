@@ -62,25 +62,45 @@ func idFor(uid types.UID) string {
 // Ensure returns the machine's bootstrap token, making it in the workload
 // cluster (kube-system/bootstrap-token-<id>) unless a live one exists: a
 // retry hands out the same token. A token with less than a minute left is
-// replaced.
+// replaced. It creates first and reads only when the token exists: a new
+// machine's token never does, and a read would cost its cluster's API
+// server a request per worker.
 func Ensure(ctx context.Context, cs kubernetes.Interface, uid types.UID, ttl time.Duration, now time.Time) (string, error) {
 	id := idFor(uid)
 	secrets := cs.CoreV1().Secrets(metav1.NamespaceSystem)
-	cur, err := secrets.Get(ctx, namePrefix+id, metav1.GetOptions{})
-	exists := err == nil
-	switch {
-	case err == nil:
-		if exp, perr := time.Parse(time.RFC3339, string(cur.Data[keyExpiration])); perr == nil && exp.After(now.Add(time.Minute)) && len(cur.Data[keySecret]) == 16 {
-			return id + "." + string(cur.Data[keySecret]), nil
-		}
-	case !apierrors.IsNotFound(err):
-		return "", fmt.Errorf("reading bootstrap token %s: %w", id, err)
-	}
-	secret, err := random(16)
+	want, secret, err := newToken(id, uid, ttl, now)
 	if err != nil {
 		return "", err
 	}
-	want := &corev1.Secret{
+	_, err = secrets.Create(ctx, want, metav1.CreateOptions{})
+	if err == nil {
+		return id + "." + secret, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("writing bootstrap token %s: %w", id, err)
+	}
+	cur, err := secrets.Get(ctx, namePrefix+id, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading bootstrap token %s: %w", id, err)
+	}
+	if exp, perr := time.Parse(time.RFC3339, string(cur.Data[keyExpiration])); perr == nil && exp.After(now.Add(time.Minute)) && len(cur.Data[keySecret]) == 16 {
+		return id + "." + string(cur.Data[keySecret]), nil
+	}
+	want.ResourceVersion = cur.ResourceVersion
+	if _, err := secrets.Update(ctx, want, metav1.UpdateOptions{}); err != nil {
+		// A concurrent call won: the next call reads its token.
+		return "", fmt.Errorf("writing bootstrap token %s: %w", id, err)
+	}
+	return id + "." + secret, nil
+}
+
+// newToken is a fresh token Secret for the machine, and its secret part.
+func newToken(id string, uid types.UID, ttl time.Duration, now time.Time) (*corev1.Secret, string, error) {
+	secret, err := random(16)
+	if err != nil {
+		return nil, "", err
+	}
+	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: namePrefix + id},
 		Type:       secretType,
 		Data: map[string][]byte{
@@ -90,18 +110,7 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, uid types.UID, ttl tim
 			keyAuth:        []byte("true"),
 			keyDescription: []byte("marina: TLS bootstrap of machine " + string(uid)),
 		},
-	}
-	if exists {
-		want.ResourceVersion = cur.ResourceVersion
-		_, err = secrets.Update(ctx, want, metav1.UpdateOptions{})
-	} else {
-		_, err = secrets.Create(ctx, want, metav1.CreateOptions{})
-	}
-	if err != nil {
-		// A concurrent call won: the next call reads its token.
-		return "", fmt.Errorf("writing bootstrap token %s: %w", id, err)
-	}
-	return id + "." + secret, nil
+	}, secret, nil
 }
 
 // Delete removes the machine's token once it has joined; nil if gone.
