@@ -34,7 +34,11 @@ func progress(ctx context.Context, c client.Reader, root string, ctlPID int, sta
 		var list clusterv1.MachineList
 		if err := c.List(ctx, &list); err == nil {
 			for _, m := range list.Items {
-				phases[string(m.Status.Phase)]++
+				phase := string(m.Status.Phase)
+				if phase == "" {
+					phase = "(no status yet)"
+				}
+				phases[phase]++
 			}
 		}
 		now, nowAt := cpuByProgram(root, ctlPID), time.Now()
