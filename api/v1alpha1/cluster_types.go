@@ -7,7 +7,12 @@ import (
 
 // ClusterFinalizer is put on every Cluster by the cluster controller, so that
 // its machines are deleted before the object goes away.
-const ClusterFinalizer = "cluster.cluster.marina.dev"
+const ClusterFinalizer = "cluster.marina.dev/cluster"
+
+// LegacyClusterFinalizer is ClusterFinalizer's name before it was
+// domain-qualified with a path (see LegacyMachineFinalizer); the cluster
+// controller honours it and replaces it.
+const LegacyClusterFinalizer = "cluster.cluster.marina.dev"
 
 // ClusterSpec is the desired state of a workload cluster.
 type ClusterSpec struct {

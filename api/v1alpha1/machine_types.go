@@ -8,7 +8,13 @@ import (
 
 // MachineFinalizer is put on every Machine by the machine controller, so that
 // the real machine is drained and deleted before the object goes away.
-const MachineFinalizer = "machine.cluster.marina.dev"
+const MachineFinalizer = "cluster.marina.dev/machine"
+
+// LegacyMachineFinalizer is MachineFinalizer's name before it was
+// domain-qualified with a path, as the API server asks (it warned on every
+// machine). A machine carrying it is treated as carrying MachineFinalizer,
+// and the machine controller replaces it on its next pass.
+const LegacyMachineFinalizer = "machine.cluster.marina.dev"
 
 // MachineSpec is the desired state of a machine: the provider-independent
 // fields that tooling acts on (M1), and the provider-specific blob.

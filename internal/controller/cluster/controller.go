@@ -194,11 +194,12 @@ func paused(cluster *clusterv1.Cluster) bool {
 }
 
 func (r *Reconciler) ensureFinalizer(ctx context.Context, cluster *clusterv1.Cluster) error {
-	if controllerutil.ContainsFinalizer(cluster, clusterv1.ClusterFinalizer) {
+	if controllerutil.ContainsFinalizer(cluster, clusterv1.ClusterFinalizer) && !controllerutil.ContainsFinalizer(cluster, clusterv1.LegacyClusterFinalizer) {
 		return nil
 	}
 	patch := client.MergeFrom(cluster.DeepCopy())
 	controllerutil.AddFinalizer(cluster, clusterv1.ClusterFinalizer)
+	controllerutil.RemoveFinalizer(cluster, clusterv1.LegacyClusterFinalizer)
 	if err := r.client.Patch(ctx, cluster, patch); err != nil {
 		return fmt.Errorf("adding the finalizer: %w", err)
 	}

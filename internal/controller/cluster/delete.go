@@ -20,7 +20,7 @@ import (
 // it (owner references). Each step is idempotent and waits for the one
 // before, so a restart anywhere resumes it.
 func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Cluster) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(cluster, clusterv1.ClusterFinalizer) {
+	if !controllerutil.ContainsFinalizer(cluster, clusterv1.ClusterFinalizer) && !controllerutil.ContainsFinalizer(cluster, clusterv1.LegacyClusterFinalizer) {
 		return ctrl.Result{}, nil
 	}
 	cluster.Status.Phase = clusterv1.ClusterPhaseDeleting
@@ -52,6 +52,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 	}
 	patch := client.MergeFrom(cluster.DeepCopy())
 	controllerutil.RemoveFinalizer(cluster, clusterv1.ClusterFinalizer)
+	controllerutil.RemoveFinalizer(cluster, clusterv1.LegacyClusterFinalizer)
 	if err := r.client.Patch(ctx, cluster, patch); client.IgnoreNotFound(err) != nil {
 		return ctrl.Result{}, fmt.Errorf("removing the finalizer: %w", err)
 	}

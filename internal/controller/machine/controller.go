@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -143,7 +142,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		if err := r.live.Get(ctx, req.NamespacedName, m); err != nil {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
-		if !controllerutil.ContainsFinalizer(m, clusterv1.MachineFinalizer) {
+		if !holdsFinalizer(m) {
 			return ctrl.Result{}, nil
 		}
 	}

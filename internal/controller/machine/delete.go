@@ -29,7 +29,7 @@ const drainRetry = 5 * time.Second
 // Node, and only then lets the Machine go. Each step is idempotent, so a
 // controller killed anywhere in between resumes where it stopped.
 func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(m, clusterv1.MachineFinalizer) {
+	if !holdsFinalizer(m) {
 		return ctrl.Result{}, nil
 	}
 	made, err := r.everMade(ctx, m, prov)
@@ -101,10 +101,18 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 func (r *Reconciler) removeFinalizer(ctx context.Context, m *clusterv1.Machine) error {
 	before := m.DeepCopy()
 	controllerutil.RemoveFinalizer(m, clusterv1.MachineFinalizer)
+	controllerutil.RemoveFinalizer(m, clusterv1.LegacyMachineFinalizer)
 	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing finalizer: %w", err)
 	}
 	return nil
+}
+
+// holdsFinalizer: the machine carries the machine controller's finalizer,
+// under its name or its legacy one.
+func holdsFinalizer(m *clusterv1.Machine) bool {
+	return controllerutil.ContainsFinalizer(m, clusterv1.MachineFinalizer) ||
+		controllerutil.ContainsFinalizer(m, clusterv1.LegacyMachineFinalizer)
 }
 
 // everMade reports whether the provider ever made this machine: it has a

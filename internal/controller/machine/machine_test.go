@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -336,6 +337,40 @@ func TestStrippedMetadataIsRestoredWithoutReplacing(t *testing.T) {
 	}
 	if f.sandboxCount() != 1 {
 		t.Errorf("%d sandboxes, want 1", f.sandboxCount())
+	}
+}
+
+// A machine an older marina made carries the finalizer's legacy name: the
+// controller replaces it, and a machine deleted while it still carries it
+// is taken apart all the same (nothing made is left behind).
+func TestLegacyFinalizerIsReplacedAndHonoured(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	m := f.machine("legacy", "")
+	m.Finalizers = []string{clusterv1.LegacyMachineFinalizer}
+	f.create(m)
+	stop := f.startController(Options{})
+	f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
+	eventually(t, 10*time.Second, "the finalizer renamed", func() (bool, error) {
+		got, err := f.get(m)
+		return err == nil && slices.Equal(got.Finalizers, []string{clusterv1.MachineFinalizer}), err
+	})
+	stop()
+
+	// As an older marina left it, then deleted with no controller running.
+	got := mustGet(t, f, m)
+	patch := client.MergeFrom(got.DeepCopy())
+	got.Finalizers = []string{clusterv1.LegacyMachineFinalizer}
+	if err := mgmt.Client.Patch(ctx, got, patch); err != nil {
+		t.Fatal(err)
+	}
+	if err := mgmt.Client.Delete(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	f.startController(Options{})
+	f.waitGone(m, 60*time.Second)
+	if n := f.sandboxCount(); n != 0 {
+		t.Errorf("%d sandboxes left after the machine went, want 0", n)
 	}
 }
 

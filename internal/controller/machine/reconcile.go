@@ -63,6 +63,7 @@ func isExternal(kind schema.GroupVersionKind, external []schema.GroupVersionKind
 func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine, kind schema.GroupVersionKind) error {
 	before := m.DeepCopy()
 	controllerutil.AddFinalizer(m, clusterv1.MachineFinalizer)
+	controllerutil.RemoveFinalizer(m, clusterv1.LegacyMachineFinalizer)
 	if m.Annotations[clusterv1.ProviderKindAnnotation] != provider.FormatKind(kind) {
 		if m.Annotations == nil {
 			m.Annotations = map[string]string{}
@@ -109,7 +110,7 @@ func (r *Reconciler) ensureClusterOwner(ctx context.Context, m *clusterv1.Machin
 }
 
 func equalMetadata(a, b *clusterv1.Machine) bool {
-	if len(a.Finalizers) != len(b.Finalizers) || len(a.OwnerReferences) != len(b.OwnerReferences) {
+	if !slices.Equal(a.Finalizers, b.Finalizers) || len(a.OwnerReferences) != len(b.OwnerReferences) {
 		return false
 	}
 	for i := range a.OwnerReferences {
