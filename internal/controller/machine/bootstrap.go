@@ -3,8 +3,10 @@ package machine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,13 +34,17 @@ type identityCache struct {
 
 // hostEnsure is one cluster's entry. Its lock is held while ensuring: the
 // hundred workers of a cluster whose control plane just answered all ask at
-// once, and one ensure serves them all (without it a fleet benchmark
-// counted 186 conflicting creates on one cluster), while a slow cluster
-// holds up no other.
+// once, and one ensures while the others come back later (without it a
+// fleet benchmark counted 186 conflicting creates on one cluster). None
+// waits on the lock: a slow cluster would hold every worker of the
+// controller that way, and machines of other clusters with them.
 type hostEnsure struct {
 	mu   sync.Mutex
-	done bool
+	done atomic.Bool
 }
+
+// errEnsuring: another worker is ensuring the cluster's setup right now.
+var errEnsuring = errors.New("another worker is setting the workload cluster up")
 
 // bootstrapFor produces what the machine needs to join its cluster: for a
 // control-plane machine, the control plane's document (it needs no running
@@ -64,6 +70,9 @@ func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine) (*p
 		boot, err = r.bootstrapToken(ctx, m, cl)
 	} else {
 		boot, err = r.bootstrap(ctx, cl)
+	}
+	if errors.Is(err, errEnsuring) {
+		return nil, ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	if err != nil {
 		return nil, ctrl.Result{}, err
@@ -131,24 +140,24 @@ func (r *Reconciler) bootstrap(ctx context.Context, cl *remote.Cluster) (provide
 
 func (c *identityCache) ensure(ctx context.Context, cl *remote.Cluster, ensure func(context.Context, kubernetes.Interface) error) error {
 	h := c.host(cl)
-	h.mu.Lock()
+	if h.done.Load() {
+		return nil
+	}
+	if !h.mu.TryLock() {
+		return errEnsuring
+	}
 	defer h.mu.Unlock()
-	if h.done {
+	if h.done.Load() {
 		return nil
 	}
 	if err := ensure(ctx, cl.Clientset); err != nil {
 		return fmt.Errorf("in the workload cluster: %w", err)
 	}
-	h.done = true
+	h.done.Store(true)
 	return nil
 }
 
-func (c *identityCache) forget(cl *remote.Cluster) {
-	h := c.host(cl)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.done = false
-}
+func (c *identityCache) forget(cl *remote.Cluster) { c.host(cl).done.Store(false) }
 
 func (c *identityCache) host(cl *remote.Cluster) *hostEnsure {
 	c.mu.Lock()
