@@ -10,11 +10,13 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -183,6 +185,36 @@ func TestPausedAndExternalClustersAreLeftAlone(t *testing.T) {
 	if names := secretNames(t, ns); len(names) > 0 {
 		t.Errorf("Secrets were made for paused or external clusters: %v", names)
 	}
+}
+
+// Clusters an older marina made carry the finalizer's legacy name: a
+// running one gets the current name, and one deleted while no controller
+// ran goes all the same.
+func TestLegacyFinalizerIsReplacedAndHonoured(t *testing.T) {
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	running, deleted := newCluster(ns, "running"), newCluster(ns, "deleted")
+	for _, c := range []*clusterv1.Cluster{running, deleted} {
+		c.Finalizers = []string{clusterv1.LegacyClusterFinalizer}
+		create(t, c)
+	}
+	if err := env.Client.Delete(ctx, deleted); err != nil {
+		t.Fatal(err)
+	}
+	startController(t, ns)
+	testenv.Eventually(t, 30*time.Second, "the running cluster's finalizer renamed", func() error {
+		if f := get(t, ns, "running").Finalizers; !slices.Equal(f, []string{clusterv1.ClusterFinalizer}) {
+			return fmt.Errorf("finalizers %v", f)
+		}
+		return nil
+	})
+	testenv.Eventually(t, 30*time.Second, "the deleted cluster gone", func() error {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(deleted), &clusterv1.Cluster{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (%v)", err)
+	})
 }
 
 func create(t *testing.T, o client.Object) {
