@@ -19,7 +19,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -194,12 +193,11 @@ func paused(cluster *clusterv1.Cluster) bool {
 }
 
 func (r *Reconciler) ensureFinalizer(ctx context.Context, cluster *clusterv1.Cluster) error {
-	if controllerutil.ContainsFinalizer(cluster, clusterv1.ClusterFinalizer) && !controllerutil.ContainsFinalizer(cluster, clusterv1.LegacyClusterFinalizer) {
+	if clusterFinalizer.Set(cluster) {
 		return nil
 	}
 	patch := client.MergeFrom(cluster.DeepCopy())
-	controllerutil.AddFinalizer(cluster, clusterv1.ClusterFinalizer)
-	controllerutil.RemoveFinalizer(cluster, clusterv1.LegacyClusterFinalizer)
+	clusterFinalizer.Add(cluster)
 	if err := r.client.Patch(ctx, cluster, patch); err != nil {
 		return fmt.Errorf("adding the finalizer: %w", err)
 	}

@@ -7,12 +7,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/controller/controlplane"
+	"marina.dev/marina/internal/controller/finalizer"
 	"marina.dev/marina/provider"
 )
+
+// clusterFinalizer is the cluster controller's finalizer, under its name or
+// its legacy one.
+var clusterFinalizer = finalizer.Name{Current: clusterv1.ClusterFinalizer, Legacy: clusterv1.LegacyClusterFinalizer}
 
 // reconcileDelete takes the cluster apart in order: its worker fleets and
 // workers (drained while the control plane still answers), then its
@@ -20,7 +24,7 @@ import (
 // it (owner references). Each step is idempotent and waits for the one
 // before, so a restart anywhere resumes it.
 func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Cluster) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(cluster, clusterv1.ClusterFinalizer) && !controllerutil.ContainsFinalizer(cluster, clusterv1.LegacyClusterFinalizer) {
+	if !clusterFinalizer.Held(cluster) {
 		return ctrl.Result{}, nil
 	}
 	cluster.Status.Phase = clusterv1.ClusterPhaseDeleting
@@ -51,8 +55,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 		return ctrl.Result{}, err
 	}
 	patch := client.MergeFrom(cluster.DeepCopy())
-	controllerutil.RemoveFinalizer(cluster, clusterv1.ClusterFinalizer)
-	controllerutil.RemoveFinalizer(cluster, clusterv1.LegacyClusterFinalizer)
+	clusterFinalizer.Remove(cluster)
 	if err := r.client.Patch(ctx, cluster, patch); client.IgnoreNotFound(err) != nil {
 		return ctrl.Result{}, fmt.Errorf("removing the finalizer: %w", err)
 	}

@@ -142,7 +142,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		if err := r.live.Get(ctx, req.NamespacedName, m); err != nil {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
-		if !holdsFinalizer(m) {
+		if !machineFinalizer.Held(m) {
 			return ctrl.Result{}, nil
 		}
 	}

@@ -13,9 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/finalizer"
 	"marina.dev/marina/internal/drain"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
@@ -29,7 +29,7 @@ const drainRetry = 5 * time.Second
 // Node, and only then lets the Machine go. Each step is idempotent, so a
 // controller killed anywhere in between resumes where it stopped.
 func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (ctrl.Result, error) {
-	if !holdsFinalizer(m) {
+	if !machineFinalizer.Held(m) {
 		return ctrl.Result{}, nil
 	}
 	made, err := r.everMade(ctx, m, prov)
@@ -100,20 +100,16 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 
 func (r *Reconciler) removeFinalizer(ctx context.Context, m *clusterv1.Machine) error {
 	before := m.DeepCopy()
-	controllerutil.RemoveFinalizer(m, clusterv1.MachineFinalizer)
-	controllerutil.RemoveFinalizer(m, clusterv1.LegacyMachineFinalizer)
+	machineFinalizer.Remove(m)
 	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing finalizer: %w", err)
 	}
 	return nil
 }
 
-// holdsFinalizer: the machine carries the machine controller's finalizer,
-// under its name or its legacy one.
-func holdsFinalizer(m *clusterv1.Machine) bool {
-	return controllerutil.ContainsFinalizer(m, clusterv1.MachineFinalizer) ||
-		controllerutil.ContainsFinalizer(m, clusterv1.LegacyMachineFinalizer)
-}
+// machineFinalizer is the machine controller's finalizer, under its name
+// or its legacy one.
+var machineFinalizer = finalizer.Name{Current: clusterv1.MachineFinalizer, Legacy: clusterv1.LegacyMachineFinalizer}
 
 // everMade reports whether the provider ever made this machine: it has a
 // providerID, or the provider knows its UID (a controller killed after

@@ -62,8 +62,7 @@ func isExternal(kind schema.GroupVersionKind, external []schema.GroupVersionKind
 // on the machine in one patch, and restores them if someone stripped them.
 func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine, kind schema.GroupVersionKind) error {
 	before := m.DeepCopy()
-	controllerutil.AddFinalizer(m, clusterv1.MachineFinalizer)
-	controllerutil.RemoveFinalizer(m, clusterv1.LegacyMachineFinalizer)
+	machineFinalizer.Add(m)
 	if m.Annotations[clusterv1.ProviderKindAnnotation] != provider.FormatKind(kind) {
 		if m.Annotations == nil {
 			m.Annotations = map[string]string{}
