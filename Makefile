@@ -4,6 +4,15 @@ export GOTOOLCHAIN := local
 export GOFLAGS := -mod=readonly
 
 BIN := $(CURDIR)/bin
+
+# What marina says it is (marina version) and the controller image of that
+# version, which marina init installs by default: one stamp for make build
+# and make image. Without a v* tag the version is v0.0.0-dev.<commit>.
+VERSION ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo v0.0.0-dev.$$(git rev-parse --short=12 HEAD)$$(git diff --quiet HEAD -- 2>/dev/null || echo -dirty))
+REVISION ?= $(shell git rev-parse HEAD)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+IMAGE_REPO ?= localhost/marina
+VERSION_PKG := marina.dev/marina/internal/version
+LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).revision=$(REVISION) -X $(VERSION_PKG).imageRepo=$(IMAGE_REPO)
 CONTROLLER_GEN := go tool controller-gen
 
 .PHONY: help
@@ -16,7 +25,13 @@ setup: ## Build the pinned etcd and Kubernetes components into bin/ (only what i
 
 .PHONY: build
 build: ## Build bin/marina
-	go build -o $(BIN)/marina ./cmd/marina
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/marina ./cmd/marina
+
+.PHONY: image
+image: ## Build the controller image (no container daemon) into bin/marina-image.tar and print its digest
+	CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BIN)/image/marina ./cmd/marina
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./tools/image -binary $(BIN)/image/marina \
+		-version $(VERSION) -revision $(REVISION) -repo $(IMAGE_REPO) -out $(BIN)/marina-image.tar
 
 .PHONY: generate
 generate: ## Generate deepcopy code, CRDs, RBAC and the webhook configuration from the Go markers

@@ -15,13 +15,14 @@ import (
 
 	"marina.dev/marina/internal/install"
 	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/internal/version"
 )
 
 func newInitCommand() *cobra.Command {
 	var kubeconfig, kubeContext, output string
 	var dryRun bool
 	timeout := 5 * time.Minute
-	opts := install.Options{Image: "marina:dev", Replicas: 2}
+	opts := install.Options{Image: version.Get().Image, Replicas: 2}
 	cmd := &cobra.Command{
 		Use:   "init",
 		Short: "Install marina's CRDs, RBAC, admission checks and controller into an existing cluster, and check that they work",
@@ -83,7 +84,7 @@ server can reach: start it there with
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to install into (default: $KUBECONFIG, else ~/.kube/config)")
 	f.StringVar(&kubeContext, "context", "", "kubeconfig context to use (default: its current context)")
-	f.StringVar(&opts.Image, "image", opts.Image, "image of the controller Deployment (its entry point is /marina)")
+	f.StringVar(&opts.Image, "image", opts.Image, "image of the controller Deployment (default: the image of this marina's version, make image; its entry point is /marina)")
 	f.Int32Var(&opts.Replicas, "replicas", opts.Replicas, "controller replicas; one leads, the others stand by and serve the webhook")
 	f.StringVar(&opts.WebhookURL, "webhook-url", "", "https URL of a controller running outside the cluster: install no Deployment and send admission checks there")
 	f.DurationVar(&timeout, "timeout", timeout, "how long to wait for the post-conditions")

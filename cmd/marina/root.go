@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"marina.dev/marina/internal/version"
 	"marina.dev/marina/tools"
 )
 
@@ -37,10 +39,21 @@ func newRootCommand() *cobra.Command {
 func newVersionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the versions of marina's pinned components",
+		Short: "Print marina's version, source revision and controller image, and its pinned components",
+		Long: `version prints marina's version and the source revision it was built from,
+the controller image of this version (what marina init installs unless
+--image says otherwise), and the versions of the components make setup
+builds.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			i := version.Get()
 			v := tools.Pinned()
-			fmt.Fprintf(cmd.OutOrStdout(), "etcd %s\nkubernetes %v\n", v.Etcd, v.Kube)
+			revision := i.Revision
+			if revision == "" {
+				revision = "unknown"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "marina %s\nrevision %s\nimage %s\netcd %s\nkubernetes %s\n",
+				i.Version, revision, i.Image, v.Etcd, strings.Join(v.Kube, " "))
 			return nil
 		},
 	}

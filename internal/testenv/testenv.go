@@ -276,17 +276,28 @@ func FreePorts(t testing.TB, n int) int {
 // BuildMarina builds the marina binary into dir and returns its path, for
 // tests that run it as a user would (marina up, marina node-agent).
 func BuildMarina(dir string) (string, error) {
+	return buildMarina(dir, nil, "go", "build", "-o", filepath.Join(dir, "marina"), "./cmd/marina")
+}
+
+// BuildStaticMarina builds marina as make image does: statically linked for
+// Linux, stamped with ldflags (version.LDFlags), into dir.
+func BuildStaticMarina(dir, ldflags string) (string, error) {
+	return buildMarina(dir, []string{"CGO_ENABLED=0", "GOOS=linux"},
+		"go", "build", "-trimpath", "-ldflags", "-s -w "+ldflags, "-o", filepath.Join(dir, "marina"), "./cmd/marina")
+}
+
+func buildMarina(dir string, env []string, args ...string) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, "marina")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/marina")
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
 	if output, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building marina: %w\n%s", err, output)
 	}
-	return out, nil
+	return filepath.Join(dir, "marina"), nil
 }
 
 // StartControllerManager runs the pinned kube-controller-manager against the
