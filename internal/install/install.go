@@ -109,7 +109,8 @@ func Objects(o Options) ([]*unstructured.Unstructured, error) {
 			if err := setController(obj, o); err != nil {
 				return nil, err
 			}
-		case "Service":
+		case "Service", "PodDisruptionBudget":
+			// They exist for the Deployment's pods.
 			if !o.InCluster() {
 				continue
 			}
