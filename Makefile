@@ -49,8 +49,12 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	go vet ./...
 
+.PHONY: test-deps
+test-deps: ## Install podman and runc, which the e2e tests run marina's image with (Debian's packages, as root)
+	tools/test-deps.sh
+
 .PHONY: test
-test: setup lint ## Build what the tests need, then run every test
+test: setup test-deps lint ## Build what the tests need, then run every test
 	go test -count=1 -timeout 30m ./...
 
 .PHONY: run
