@@ -153,11 +153,28 @@ func TestTheImageRunsTheControllerThatMakesACluster(t *testing.T) {
 		t.Fatalf("marina init with the image's controller: %v\n%s", err, initOut)
 	}
 
+	kubectl := filepath.Join(binDir, "kubectl")
+	t.Run("the hardened Deployment of init --dry-run passes a server-side dry run", func(t *testing.T) {
+		manifests, err := exec.Command(marinaBin, "init", "--dry-run", "-o", "yaml", "--image", tag.String()).Output()
+		if err != nil {
+			t.Fatalf("marina init --dry-run: %v", err)
+		}
+		for _, want := range []string{"kind: Deployment", "kind: PodDisruptionBudget", "readOnlyRootFilesystem: true", "image: " + tag.String()} {
+			if !strings.Contains(string(manifests), want) {
+				t.Errorf("marina init --dry-run -o yaml shows no %q", want)
+			}
+		}
+		apply := exec.Command(kubectl, "--kubeconfig", admin, "apply", "--server-side", "--force-conflicts", "--field-manager", install.FieldOwner, "--dry-run=server", "-f", "-")
+		apply.Stdin = strings.NewReader(string(manifests))
+		if out, err := apply.CombinedOutput(); err != nil || !strings.Contains(string(out), "deployment.apps/marina-controller serverside-applied (server dry run)") {
+			t.Errorf("kubectl apply --dry-run=server of marina init's objects: %v\n%s", err, out)
+		}
+	})
+
 	repoRoot, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubectl := filepath.Join(binDir, "kubectl")
 	if out, err := exec.Command(kubectl, "--kubeconfig", admin, "apply", "-f", filepath.Join(repoRoot, "examples", "minimal")).CombinedOutput(); err != nil {
 		t.Fatalf("kubectl apply -f examples/minimal: %v\n%s", err, out)
 	}
