@@ -159,10 +159,12 @@ type ControlPlaneSpec struct {
 	// caSecretRef names a Secret (type kubernetes.io/tls, keys tls.crt and
 	// tls.key) in the cluster's namespace holding your own signing CA. When
 	// unset, marina generates a CA for the cluster (M15). It cannot be added
-	// or removed after creation.
+	// or removed after creation, and the CA in it must not change: marina
+	// cannot rotate a cluster's CA yet, and the cluster reports a CA that
+	// expires within 90 days (CertificatesAvailable, reason CAExpiringSoon).
 	//
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="caSecretRef cannot be changed after creation: every certificate of the cluster is signed by its CA; rotate the CA inside the referenced Secret instead"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="caSecretRef cannot be changed after creation: every certificate of the cluster is signed by its CA, and marina cannot rotate a cluster's CA yet (replacing the CA inside the referenced Secret breaks the cluster too): create a new cluster with the new CA and move the workloads"
 	CASecretRef *SecretReference `json:"caSecretRef,omitempty"`
 
 	// upgradeStrategy is how a version change is carried out.

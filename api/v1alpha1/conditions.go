@@ -129,6 +129,13 @@ const (
 	// ClusterCASecretInvalidReason: the Secret named by caSecretRef is missing
 	// or holds no usable CA key pair.
 	ClusterCASecretInvalidReason = "CASecretInvalid"
+	// ClusterCertificatesLostReason: a CA or the service-account key was
+	// deleted after the control plane was initialised. marina makes no new
+	// one: the running components hold certificates and tokens of the old.
+	ClusterCertificatesLostReason = "CertificatesLost"
+	// ClusterCAExpiringSoonReason: the certificates exist, but the cluster CA
+	// expires within CAExpiryWarning; the condition stays True.
+	ClusterCAExpiringSoonReason = "CAExpiringSoon"
 
 	// ClusterControlPlaneInitializedCondition is True once the first
 	// control-plane machine has initialised the cluster (M10); it never goes

@@ -31,6 +31,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -86,29 +87,70 @@ func (e *InvalidCAError) Error() string {
 	return fmt.Sprintf("the CA in Secret %s cannot be used: %s", e.Secret, e.Problem)
 }
 
-// Ensure loads the cluster's key material, creating what is missing. With
-// spec.controlPlane.caSecretRef, the user's CA is checked first and nothing
-// is created when it is unusable (an *InvalidCAError).
+// LostError says that a Secret of key material was deleted after the
+// cluster's control plane was initialised. Making a new one would break the
+// cluster silently: its API servers, etcd members and kubelets hold
+// certificates signed by the old CA, and its tokens are signed by the old
+// service-account key. Retrying cannot fix it; restoring the Secret can.
+type LostError struct {
+	// Secret is namespace/name of the missing Secret.
+	Secret string
+}
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("Secret %s was deleted after the control plane was initialised, and marina makes no new one: "+
+		"every certificate and token of the running cluster is signed by the old key. "+
+		"Restore the Secret from a backup (kubectl apply it as it was), or delete the cluster and create it anew", e.Secret)
+}
+
+// CAExpiryWarning is how long before the cluster CA expires the cluster
+// says so: a CA cannot be rotated in place yet, so its owner needs time to
+// move workloads to a new cluster or to renew the CA keeping its key.
+const CAExpiryWarning = 90 * 24 * time.Hour
+
+// Initialized says whether the cluster's control plane was ever
+// initialised: from then on its key material is in use and is never made
+// anew.
+func Initialized(cluster *clusterv1.Cluster) bool {
+	return meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ClusterControlPlaneInitializedCondition)
+}
+
+// Ensure loads the cluster's key material, creating what is missing while
+// the control plane has never been initialised; after that, a missing
+// Secret is a *LostError. With spec.controlPlane.caSecretRef, the user's CA
+// is checked first and nothing is created when it is unusable (an
+// *InvalidCAError).
 func Ensure(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, now time.Time) (*Set, error) {
+	return load(ctx, c, cluster, now, !Initialized(cluster))
+}
+
+// Load loads the cluster's key material and creates nothing: for callers
+// that run after the cluster controller has made it (a machine's
+// bootstrap), where a missing Secret is a *LostError.
+func Load(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, now time.Time) (*Set, error) {
+	return load(ctx, c, cluster, now, false)
+}
+
+func load(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, now time.Time, create bool) (*Set, error) {
 	set := &Set{}
 	var err error
 	if ref := cluster.Spec.ControlPlane.CASecretRef; ref != nil {
 		if set.CA, err = userCA(ctx, c, cluster.Namespace, ref.Name, now); err != nil {
 			return nil, err
 		}
-	} else if set.CA, err = ensureCA(ctx, c, cluster, ClusterCA, "kubernetes"); err != nil {
+	} else if set.CA, err = ensureCA(ctx, c, cluster, ClusterCA, "kubernetes", create); err != nil {
 		return nil, err
 	}
 	// An external etcd has its own CA, named in its Secret.
 	if cluster.Spec.ControlPlane.Etcd.Type != clusterv1.EtcdExternal {
-		if set.Etcd, err = ensureCA(ctx, c, cluster, EtcdCA, "etcd-ca"); err != nil {
+		if set.Etcd, err = ensureCA(ctx, c, cluster, EtcdCA, "etcd-ca", create); err != nil {
 			return nil, err
 		}
 	}
-	if set.FrontProxy, err = ensureCA(ctx, c, cluster, FrontProxyCA, "front-proxy-ca"); err != nil {
+	if set.FrontProxy, err = ensureCA(ctx, c, cluster, FrontProxyCA, "front-proxy-ca", create); err != nil {
 		return nil, err
 	}
-	secret, err := ensureSecret(ctx, c, cluster, ServiceAccount, newServiceAccountKey)
+	secret, err := ensureSecret(ctx, c, cluster, ServiceAccount, create, newServiceAccountKey)
 	if err != nil {
 		return nil, err
 	}
@@ -120,9 +162,10 @@ func Ensure(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, no
 	return set, nil
 }
 
-// ensureCA loads the cluster's CA for purpose, generating it on first use.
-func ensureCA(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, purpose, commonName string) (*pki.KeyPair, error) {
-	secret, err := ensureSecret(ctx, c, cluster, purpose, func() (map[string][]byte, error) {
+// ensureCA loads the cluster's CA for purpose, generating it on first use
+// when create is set.
+func ensureCA(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, purpose, commonName string, create bool) (*pki.KeyPair, error) {
+	secret, err := ensureSecret(ctx, c, cluster, purpose, create, func() (map[string][]byte, error) {
 		ca, err := pki.NewCA(commonName)
 		if err != nil {
 			return nil, err
@@ -142,10 +185,10 @@ func ensureCA(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, 
 }
 
 // ensureSecret returns the cluster's Secret for purpose, creating it with
-// data from make when it does not exist. The name is fixed, so of two
-// reconciles racing to create it one wins and the other reads the winner's:
-// a CA is made exactly once.
-func ensureSecret(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, purpose string, make func() (map[string][]byte, error)) (*corev1.Secret, error) {
+// data from make when it does not exist and create is set (else a
+// *LostError). The name is fixed, so of two reconciles racing to create it
+// one wins and the other reads the winner's: a CA is made exactly once.
+func ensureSecret(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, purpose string, create bool, make func() (map[string][]byte, error)) (*corev1.Secret, error) {
 	key := types.NamespacedName{Namespace: cluster.Namespace, Name: SecretName(cluster.Name, purpose)}
 	secret := &corev1.Secret{}
 	err := c.Get(ctx, key, secret)
@@ -154,6 +197,9 @@ func ensureSecret(ctx context.Context, c client.Client, cluster *clusterv1.Clust
 	}
 	if !apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("reading Secret %s: %w", key, err)
+	}
+	if !create {
+		return nil, &LostError{Secret: key.String()}
 	}
 	data, err := make()
 	if err != nil {

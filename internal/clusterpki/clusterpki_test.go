@@ -17,6 +17,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -307,5 +309,50 @@ func TestAdminKubeconfigIsRenewedBeforeItExpires(t *testing.T) {
 	}
 	if s, _, _ := read(); len(s.OwnerReferences) != 1 {
 		t.Errorf("the kubeconfig Secret is not owned by its Cluster: %+v", s.OwnerReferences)
+	}
+}
+
+// Issue 22 (finding 7): key material is made only before the control plane
+// is initialised, and Load (a machine's bootstrap) never makes any: a CA
+// made there or after initialisation is one the cluster does not trust.
+func TestKeyMaterialIsMadeOnlyBeforeInitialisation(t *testing.T) {
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	cluster := newCluster(t, ns, "")
+	var lost *clusterpki.LostError
+	if _, err := clusterpki.Load(ctx, env.Client, cluster, time.Now()); !errors.As(err, &lost) {
+		t.Fatalf("Load of a cluster with no key material: %v, want a *LostError", err)
+	}
+	if names := secretNames(t, ns); len(names) != 0 {
+		t.Fatalf("Load made Secrets %v", names)
+	}
+	if _, err := clusterpki.Ensure(ctx, env.Client, cluster, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	meta.SetStatusCondition(&cluster.Status.Conditions, metav1.Condition{Type: clusterv1.ClusterControlPlaneInitializedCondition,
+		Status: metav1.ConditionTrue, Reason: clusterv1.ClusterControlPlaneInitializedReason})
+	for _, purpose := range []string{clusterpki.ClusterCA, clusterpki.EtcdCA, clusterpki.FrontProxyCA, clusterpki.ServiceAccount} {
+		key := types.NamespacedName{Namespace: ns, Name: clusterpki.SecretName(cluster.Name, purpose)}
+		saved := &corev1.Secret{}
+		if err := env.Client.Get(ctx, key, saved); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Client.Delete(ctx, saved); err != nil {
+			t.Fatal(err)
+		}
+		_, err := clusterpki.Ensure(ctx, env.Client, cluster, time.Now())
+		if !errors.As(err, &lost) || lost.Secret != key.String() {
+			t.Errorf("Ensure of an initialised cluster without %s: %v, want a *LostError naming it", key, err)
+		}
+		if err := env.Client.Get(ctx, key, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+			t.Errorf("Secret %s after Ensure: %v, want it not made anew", key, err)
+		}
+		restored := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}, Type: saved.Type, Data: saved.Data}
+		if err := env.Client.Create(ctx, restored); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := clusterpki.Ensure(ctx, env.Client, cluster, time.Now()); err != nil {
+		t.Errorf("Ensure with every Secret restored: %v", err)
 	}
 }

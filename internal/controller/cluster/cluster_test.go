@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/clusterpki"
 	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/internal/testenv/localenv"
 	"marina.dev/marina/provider"
@@ -231,4 +233,108 @@ func get(t *testing.T, ns, name string) *clusterv1.Cluster {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// Issue 22 (finding 7): once the control plane is initialised, a deleted
+// CA or service-account Secret is reported, with an event, and never made
+// anew: a new CA is one no running API server presents, a new
+// service-account key voids every token. Restoring the Secret heals it.
+func TestLostKeyMaterialIsReportedAndNeverRemade(t *testing.T) {
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	startController(t, ns)
+	create(t, newCluster(ns, "lost"))
+	for _, purpose := range []string{clusterpki.ClusterCA, clusterpki.ServiceAccount} {
+		secret := &corev1.Secret{}
+		key := types.NamespacedName{Namespace: ns, Name: clusterpki.SecretName("lost", purpose)}
+		testenv.Eventually(t, 30*time.Second, "the cluster's "+purpose+" Secret", func() error {
+			return env.Client.Get(ctx, key, secret)
+		})
+	}
+	// The control plane answered once: what the provider-less controller
+	// here cannot see, so the test says it.
+	testenv.Eventually(t, 30*time.Second, "ControlPlaneInitialized=True recorded", func() error {
+		c := get(t, ns, "lost")
+		if meta.IsStatusConditionTrue(c.Status.Conditions, clusterv1.ClusterControlPlaneInitializedCondition) {
+			return nil
+		}
+		meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: clusterv1.ClusterControlPlaneInitializedCondition,
+			Status: metav1.ConditionTrue, Reason: clusterv1.ClusterControlPlaneInitializedReason})
+		if err := env.Client.Status().Update(ctx, c); err != nil {
+			return err
+		}
+		return fmt.Errorf("just recorded")
+	})
+
+	for _, purpose := range []string{clusterpki.ClusterCA, clusterpki.ServiceAccount} {
+		key := types.NamespacedName{Namespace: ns, Name: clusterpki.SecretName("lost", purpose)}
+		saved := &corev1.Secret{}
+		if err := env.Client.Get(ctx, key, saved); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Client.Delete(ctx, saved); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 30*time.Second, purpose+" deleted: CertificatesAvailable=False says so", func() error {
+			c := get(t, ns, "lost")
+			cond := meta.FindStatusCondition(c.Status.Conditions, clusterv1.ClusterCertificatesAvailableCondition)
+			if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != clusterv1.ClusterCertificatesLostReason {
+				return fmt.Errorf("condition %+v", cond)
+			}
+			if !strings.Contains(cond.Message, key.String()) || !strings.Contains(cond.Message, "Restore the Secret") {
+				return fmt.Errorf("message %q does not name %s and say how to restore it", cond.Message, key)
+			}
+			return nil
+		})
+		err := env.Client.Get(ctx, key, &corev1.Secret{})
+		if !apierrors.IsNotFound(err) {
+			t.Fatalf("Secret %s after the controller saw it gone: %v, want it not made anew", key, err)
+		}
+		events := &eventsv1.EventList{}
+		if err := env.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(events.Items, func(e eventsv1.Event) bool {
+			return e.Reason == clusterv1.ClusterCertificatesLostReason && e.Regarding.Name == "lost"
+		}) {
+			t.Errorf("no %s event on the cluster", clusterv1.ClusterCertificatesLostReason)
+		}
+
+		// Restored from a backup, as the message says.
+		restored := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name, Labels: saved.Labels, OwnerReferences: saved.OwnerReferences},
+			Type: saved.Type, Data: saved.Data}
+		create(t, restored)
+		testenv.Eventually(t, 30*time.Second, purpose+" restored: CertificatesAvailable=True", func() error {
+			cond := meta.FindStatusCondition(get(t, ns, "lost").Status.Conditions, clusterv1.ClusterCertificatesAvailableCondition)
+			if cond == nil || cond.Status != metav1.ConditionTrue {
+				return fmt.Errorf("condition %+v", cond)
+			}
+			return nil
+		})
+	}
+}
+
+// Issue 22 (finding 7): a user CA that expires soon is accepted, and the
+// cluster says when it expires and what to do, since marina cannot rotate a
+// CA in place.
+func TestACAThatExpiresSoonIsReported(t *testing.T) {
+	now := time.Now()
+	cert, key := selfSigned(t, caTemplate(now.Add(-time.Hour), now.Add(30*24*time.Hour), true))
+	ns := env.Namespace(t)
+	startController(t, ns)
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "users-ca", Namespace: ns}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: cert, corev1.TLSPrivateKeyKey: key}})
+	c := newCluster(ns, "soon")
+	c.Spec.ControlPlane.CASecretRef = &clusterv1.SecretReference{Name: "users-ca"}
+	create(t, c)
+	testenv.Eventually(t, 30*time.Second, "CertificatesAvailable=True, CAExpiringSoon", func() error {
+		cond := meta.FindStatusCondition(get(t, ns, "soon").Status.Conditions, clusterv1.ClusterCertificatesAvailableCondition)
+		if cond == nil || cond.Status != metav1.ConditionTrue || cond.Reason != clusterv1.ClusterCAExpiringSoonReason {
+			return fmt.Errorf("condition %+v", cond)
+		}
+		if !strings.Contains(cond.Message, "expires on") || !strings.Contains(cond.Message, "cannot rotate a CA in place") {
+			return fmt.Errorf("message %q does not say when and what to do", cond.Message)
+		}
+		return nil
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -209,16 +210,30 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, cluster *clusterv1.Clu
 func (r *Reconciler) certificates(ctx context.Context, cluster *clusterv1.Cluster) (*clusterpki.Set, bool, error) {
 	set, err := clusterpki.Ensure(ctx, r.client, cluster, r.now())
 	var invalid *clusterpki.InvalidCAError
+	var lost *clusterpki.LostError
 	switch {
 	case errors.As(err, &invalid):
 		setCondition(cluster, clusterv1.ClusterCertificatesAvailableCondition, metav1.ConditionFalse, clusterv1.ClusterCASecretInvalidReason, invalid.Error())
 		cluster.Status.Phase = clusterv1.ClusterPhaseFailed
 		// Fixing the Secret is an event we do not watch: look again.
 		return nil, false, nil
+	case errors.As(err, &lost):
+		if !meta.IsStatusConditionPresentAndEqual(cluster.Status.Conditions, clusterv1.ClusterCertificatesAvailableCondition, metav1.ConditionFalse) {
+			r.recorder.Eventf(cluster, nil, corev1.EventTypeWarning, clusterv1.ClusterCertificatesLostReason, "LoadCertificates", "%s", lost.Error())
+		}
+		setCondition(cluster, clusterv1.ClusterCertificatesAvailableCondition, metav1.ConditionFalse, clusterv1.ClusterCertificatesLostReason, lost.Error())
+		cluster.Status.Phase = clusterv1.ClusterPhaseFailed
+		return nil, false, nil
 	case err != nil:
 		return nil, false, fmt.Errorf("cluster certificates: %w", err)
 	}
-	setCondition(cluster, clusterv1.ClusterCertificatesAvailableCondition, metav1.ConditionTrue, clusterv1.ClusterCertificatesAvailableReason, "")
+	if expires := set.CA.Cert.NotAfter; expires.Sub(r.now()) < clusterpki.CAExpiryWarning {
+		setCondition(cluster, clusterv1.ClusterCertificatesAvailableCondition, metav1.ConditionTrue, clusterv1.ClusterCAExpiringSoonReason,
+			fmt.Sprintf("the cluster CA expires on %s, and marina cannot rotate a CA in place yet: every machine trusts the certificate it was given, so create a new cluster and move the workloads to it before then",
+				expires.UTC().Format(time.RFC3339)))
+	} else {
+		setCondition(cluster, clusterv1.ClusterCertificatesAvailableCondition, metav1.ConditionTrue, clusterv1.ClusterCertificatesAvailableReason, "")
+	}
 	if cluster.Status.Phase == clusterv1.ClusterPhaseFailed {
 		cluster.Status.Phase = clusterv1.ClusterPhaseProvisioning // the CA was fixed
 	}

@@ -28,9 +28,10 @@ func (cp *ControlPlane) Bootstrap(ctx context.Context, m *clusterv1.Machine) ([]
 	if ep.Host == "" || ep.Port == 0 {
 		return nil, errors.New("the cluster has no control-plane endpoint yet")
 	}
-	// The cluster controller made the key material before any machine;
-	// Ensure only loads it here.
-	set, err := clusterpki.Ensure(ctx, cp.Client, cluster, time.Now())
+	// The cluster controller made the key material before any machine:
+	// load it, and never make a CA here that the cluster's other machines
+	// would not trust.
+	set, err := clusterpki.Load(ctx, cp.Client, cluster, time.Now())
 	if err != nil {
 		return nil, err
 	}
