@@ -30,7 +30,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newUpCommand(), newControllerCommand(), newVersionCommand())
 	root.AddCommand(newNodeAgentCommand())
 	root.AddCommand(newLoadBalancerCommand())
-	root.AddCommand(newUpgradeCommand(), newDescribeCommand(), newKubeconfigCommand(), newCreateCommand(), newDeleteCommand(), newInitCommand())
+	root.AddCommand(newUpgradeCommand(), newDescribeCommand(), newKubeconfigCommand(), newCreateCommand(), newDeleteCommand(), newInitCommand(), newRolloutCommand())
 	return root
 }
 
