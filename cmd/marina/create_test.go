@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/testenv"
 )
 
 // longName is a cluster name of 63 characters, the most a Cluster may have.
@@ -147,21 +148,14 @@ func TestCreateWaitEndsWhenTheClusterIsDeleted(t *testing.T) {
 		done <- result{out, err}
 	}()
 	key := types.NamespacedName{Namespace: ns, Name: "gone"}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		// No controller runs: the Cluster has no finalizer and goes at once.
+	// No controller runs: the Cluster has no finalizer and goes at once.
+	testenv.Eventually(t, 30*time.Second, "marina create cluster created the cluster, and it is deleted", func() error {
 		cluster := &clusterv1.Cluster{}
-		if err := env.Client.Get(ctx, key, cluster); err == nil {
-			if err := env.Client.Delete(ctx, cluster); err != nil {
-				t.Fatal(err)
-			}
-			break
+		if err := env.Client.Get(ctx, key, cluster); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("marina create cluster did not create the cluster within 30s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return env.Client.Delete(ctx, cluster)
+	})
 	deleted := time.Now()
 	select {
 	case r := <-done:

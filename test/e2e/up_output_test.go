@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"marina.dev/marina/internal/testenv"
 )
 
 // klogLine is the start of a line of the controllers' log.
@@ -19,6 +23,13 @@ var klogLine = regexp.MustCompile(`(?m)^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ `)
 func TestUpShowsProgressNotTheControllersLog(t *testing.T) {
 	stateDir := t.TempDir()
 	u := startUp(t, stateDir)
+	// startUp returns at the banner's first line.
+	testenv.Eventually(t, 10*time.Second, "the whole banner", func() error {
+		if !strings.Contains(u.out.String(), "Press Ctrl-C to stop") {
+			return errors.New("not printed yet")
+		}
+		return nil
+	})
 	out := u.out.String()
 	t.Logf("marina up printed:\n%s", out)
 	if lines := klogLine.FindAllString(out, -1); len(lines) > 0 {
