@@ -25,8 +25,8 @@ func newInitCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "init",
 		Short: "Install marina's CRDs, RBAC, admission checks and controller into an existing cluster, and check that they work",
-		Long: `init installs marina into the cluster of --kubeconfig (the default of every
-marina command: see marina --help): the CRDs, least-privilege RBAC, the admission webhook and
+		Long: `init installs marina into the cluster every marina command finds (see
+marina --help): the CRDs, least-privilege RBAC, the admission webhook and
 tenancy policy, and the controller Deployment. It applies them server-side,
 so running it again changes nothing, and a newer marina upgrades in place.
 
