@@ -77,7 +77,7 @@ func TestCreateClusterWithTheLongestName(t *testing.T) {
 	isolate(t)
 	ns := env.Namespace(t)
 	path := writeKubeconfig(t, envKubeconfig(t, env, ns))
-	out, _, err := marina(t, "create", "cluster", longName, "--kubeconfig", path)
+	out, _, err := marina(t, "create", "cluster", longName, "--kubeconfig", path, "-n", ns)
 	if err != nil {
 		t.Fatalf("marina create cluster with a %d-character name: %v\n%s", len(longName), err, out)
 	}
@@ -105,7 +105,7 @@ func TestCreateClusterChecksEveryObjectFirst(t *testing.T) {
 	if err := env.Client.Create(ctx, md); err != nil {
 		t.Fatal(err)
 	}
-	out, _, err := marina(t, "create", "cluster", "dev", "--kubeconfig", path)
+	out, _, err := marina(t, "create", "cluster", "dev", "--kubeconfig", path, "-n", ns)
 	if err == nil || !strings.Contains(err.Error(), "MachineDeployment "+ns+"/dev-workers exists already; nothing was created") {
 		t.Errorf("create with dev-workers taken: got %v, want the deployment named and nothing created\n%s", err, out)
 	}
@@ -114,16 +114,16 @@ func TestCreateClusterChecksEveryObjectFirst(t *testing.T) {
 	}
 
 	// Refused by the webhook: a class that does not exist.
-	_, _, err = marina(t, "create", "cluster", "other", "--class", "no-such-class", "--kubeconfig", path)
+	_, _, err = marina(t, "create", "cluster", "other", "--class", "no-such-class", "--kubeconfig", path, "-n", ns)
 	if err == nil || !strings.Contains(err.Error(), "nothing was created") || !strings.Contains(err.Error(), "no-such-class") {
 		t.Errorf("create with a missing class: got %v, want the webhook's refusal and nothing created", err)
 	}
 
 	// A rerun of a create that worked.
-	if out, _, err := marina(t, "create", "cluster", "again", "--kubeconfig", path); err != nil {
+	if out, _, err := marina(t, "create", "cluster", "again", "--kubeconfig", path, "-n", ns); err != nil {
 		t.Fatalf("create cluster again: %v\n%s", err, out)
 	}
-	_, _, err = marina(t, "create", "cluster", "again", "--kubeconfig", path)
+	_, _, err = marina(t, "create", "cluster", "again", "--kubeconfig", path, "-n", ns)
 	if err == nil || !strings.Contains(err.Error(), "Cluster "+ns+"/again exists already; nothing was created") {
 		t.Errorf("rerun: got %v, want the cluster named as existing", err)
 	}
@@ -144,7 +144,7 @@ func TestCreateWaitEndsWhenTheClusterIsDeleted(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		out, _, err := marinaCtx(ctx, "create", "cluster", "gone", "--workers", "0", "--wait", "--timeout", "10m", "--kubeconfig", path)
+		out, _, err := marinaCtx(ctx, "create", "cluster", "gone", "--workers", "0", "--wait", "--timeout", "10m", "--kubeconfig", path, "-n", ns)
 		done <- result{out, err}
 	}()
 	key := types.NamespacedName{Namespace: ns, Name: "gone"}

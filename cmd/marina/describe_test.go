@@ -39,14 +39,14 @@ func TestDescribeMachineWhoseClassIsGone(t *testing.T) {
 	if err := env.Client.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	if out, _, err := marina(t, "describe", "machine", "worker-0", "--kubeconfig", path); err != nil || !strings.Contains(out, "Class: "+mc.Name+"\n") {
+	if out, _, err := marina(t, "describe", "machine", "worker-0", "--kubeconfig", path, "-n", ns); err != nil || !strings.Contains(out, "Class: "+mc.Name+"\n") {
 		t.Fatalf("describe machine with its class: %v\n%s", err, out)
 	}
 	if err := env.Client.Delete(ctx, mc); err != nil {
 		t.Fatal(err)
 	}
 
-	out, _, err := marina(t, "describe", "machine", "worker-0", "--kubeconfig", path)
+	out, _, err := marina(t, "describe", "machine", "worker-0", "--kubeconfig", path, "-n", ns)
 	if err != nil {
 		t.Fatalf("describe machine whose class is gone: %v", err)
 	}
@@ -57,7 +57,7 @@ func TestDescribeMachineWhoseClassIsGone(t *testing.T) {
 		}
 	}
 
-	out, _, err = marina(t, "describe", "machine", "worker-0", "-o", "json", "--kubeconfig", path)
+	out, _, err = marina(t, "describe", "machine", "worker-0", "-o", "json", "--kubeconfig", path, "-n", ns)
 	if err != nil {
 		t.Fatalf("describe machine -o json whose class is gone: %v", err)
 	}

@@ -116,7 +116,7 @@ func TestRolloutVerbs(t *testing.T) {
 	}
 	rollout := func(args ...string) (string, error) {
 		t.Helper()
-		out, _, err := marina(t, append(append([]string{"rollout"}, args...), "--kubeconfig", path)...)
+		out, _, err := marina(t, append(append([]string{"rollout"}, args...), "--kubeconfig", path, "-n", ns)...)
 		return out, err
 	}
 
