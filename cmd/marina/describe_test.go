@@ -83,3 +83,44 @@ func normalizeMachineView(t *testing.T, out, namespace, class string) string {
 	s := strings.ReplaceAll(string(data), class, "CLASS")
 	return strings.ReplaceAll(s, namespace, "NAMESPACE") + "\n"
 }
+
+// describe cluster -o json is the tree a script reads: each object with
+// its readiness, phase and version.
+func TestDescribeClusterJSON(t *testing.T) {
+	env := managementPlane(t)
+	isolate(t)
+	ns := env.Namespace(t)
+	path := writeKubeconfig(t, envKubeconfig(t, env, ns))
+	if out, _, err := marina(t, "create", "cluster", "dev", "--workers", "3", "--kubeconfig", path); err != nil {
+		t.Fatalf("create cluster: %v\n%s", err, out)
+	}
+	out, _, err := marina(t, "describe", "cluster", "dev", "-o", "json", "--kubeconfig", path)
+	if err != nil {
+		t.Fatalf("describe cluster -o json: %v", err)
+	}
+	var tree any
+	if err := json.Unmarshal([]byte(out), &tree); err != nil {
+		t.Fatalf("describe -o json is no JSON: %v\n%s", err, out)
+	}
+	dropAges(tree)
+	data, err := json.MarshalIndent(tree, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "describe-cluster.json", string(data)+"\n")
+}
+
+// dropAges removes the "age" of every node: it depends on when the test ran.
+func dropAges(v any) {
+	switch v := v.(type) {
+	case map[string]any:
+		delete(v, "age")
+		for _, child := range v {
+			dropAges(child)
+		}
+	case []any:
+		for _, child := range v {
+			dropAges(child)
+		}
+	}
+}
