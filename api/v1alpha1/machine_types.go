@@ -364,7 +364,7 @@ type MachineObservedVersions struct {
 // +kubebuilder:resource:path=machines,scope=Namespaced,shortName=ma,categories=marina
 // +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.spec.clusterName`
 // +kubebuilder:selectablefield:JSONPath=`.spec.clusterName`
-// +kubebuilder:printcolumn:name="Roles",type=string,JSONPath=`.spec.roles`
+// +kubebuilder:printcolumn:name="Roles",type=string,JSONPath=`.spec.roles[*]`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.versions.kubelet`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeRef.name`

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -43,21 +47,17 @@ func newCreateCommand() *cobra.Command {
   marina create cluster dev --dry-run -o yaml | kubectl apply -f -`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			objs := clusterManifests(args[0], mf.namespace, o)
 			if o.dryRun {
-				return printManifests(cmd.OutOrStdout(), o.output, objs)
+				// As kubectl create --dry-run: the namespace only when -n names one.
+				return printManifests(cmd.OutOrStdout(), o.output, clusterManifests(args[0], mf.namespace, o))
 			}
 			c, err := mf.client()
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			for _, obj := range objs {
-				kind := obj.GetObjectKind().GroupVersionKind().Kind // Create clears it
-				if err := c.Create(ctx, obj); err != nil {
-					return fmt.Errorf("creating %s %s: %w", kind, obj.GetName(), err)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "created %s/%s\n", kind, obj.GetName())
+			if err := createAll(ctx, cmd.OutOrStdout(), c, mf.config, clusterManifests(args[0], mf.namespace, o)); err != nil {
+				return err
 			}
 			if !o.wait {
 				fmt.Fprintf(cmd.OutOrStdout(), "Follow it with: marina describe cluster %s -n %s\n", args[0], mf.namespace)
@@ -105,11 +105,12 @@ func clusterManifests(name, namespace string, o createOptions) []client.Object {
 	}
 	objs := []client.Object{cluster}
 	if o.workers > 0 {
-		labels := map[string]string{"marina.dev/pool": name + "-workers"}
+		workers := workersName(name)
+		labels := map[string]string{"marina.dev/pool": workers}
 		n := o.workers
 		objs = append(objs, &clusterv1.MachineDeployment{
 			TypeMeta:   metav1.TypeMeta{APIVersion: clusterv1.GroupVersion.String(), Kind: "MachineDeployment"},
-			ObjectMeta: metav1.ObjectMeta{Name: name + "-workers", Namespace: namespace},
+			ObjectMeta: metav1.ObjectMeta{Name: workers, Namespace: namespace},
 			Spec: clusterv1.MachineDeploymentSpec{
 				ClusterName: name, Replicas: &n,
 				Selector: metav1.LabelSelector{MatchLabels: labels},
@@ -118,6 +119,61 @@ func clusterManifests(name, namespace string, o createOptions) []client.Object {
 		})
 	}
 	return objs
+}
+
+// maxWorkersName is the longest name of the workers' MachineDeployment
+// whose machines' names stay DNS labels (at most 63 characters: a machine's
+// name is its Node's, and the Node's kubernetes.io/hostname label): a machine
+// is named <deployment>-<template hash, up to 10>-<5 random>.
+const maxWorkersName = validation.DNS1123LabelMaxLength - 1 - 10 - 1 - 5
+
+// workersName is the name of the cluster's workers' MachineDeployment,
+// which is also the value of its marina.dev/pool label: NAME-workers, or,
+// when that is too long, a prefix of NAME and a hash of the whole, so that
+// two long names sharing a prefix still differ.
+func workersName(cluster string) string {
+	const suffix = "-workers"
+	if len(cluster)+len(suffix) <= maxWorkersName {
+		return cluster + suffix
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(cluster))
+	sum := fmt.Sprintf("%08x", h.Sum32())
+	prefix := strings.TrimRight(cluster[:maxWorkersName-len(suffix)-len(sum)-1], "-.")
+	return prefix + "-" + sum + suffix
+}
+
+// createAll creates objs, but first sends each to the API server as a
+// server-side dry run (schema, admission webhook, quotas), so that an
+// object the server refuses, or one that exists already, stops the
+// command before it has created anything.
+func createAll(ctx context.Context, out io.Writer, c client.Client, cfg *rest.Config, objs []client.Object) error {
+	// The webhook warns that the workers' Cluster does not exist yet: it is
+	// what a dry run before the creation means, and the creation itself
+	// shows the warnings that matter.
+	quiet := rest.CopyConfig(cfg)
+	quiet.WarningHandler = rest.NoWarnings{}
+	dry, err := client.New(quiet, client.Options{Scheme: c.Scheme()})
+	if err != nil {
+		return fmt.Errorf("connecting to the management plane: %w", err)
+	}
+	for _, obj := range objs {
+		kind := obj.GetObjectKind().GroupVersionKind().Kind
+		if err := dry.Create(ctx, obj.DeepCopyObject().(client.Object), client.DryRunAll); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("%s %s/%s exists already; nothing was created: delete it first, or choose another name", kind, obj.GetNamespace(), obj.GetName())
+			}
+			return fmt.Errorf("checking %s %s/%s (server-side dry run); nothing was created: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+		}
+	}
+	for _, obj := range objs {
+		kind := obj.GetObjectKind().GroupVersionKind().Kind // Create clears it
+		if err := c.Create(ctx, obj); err != nil {
+			return fmt.Errorf("creating %s %s/%s: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+		}
+		fmt.Fprintf(out, "created %s/%s\n", kind, obj.GetName())
+	}
+	return nil
 }
 
 func printManifests(w io.Writer, format string, objs []client.Object) error {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -79,11 +80,15 @@ func newDescribeCommand() *cobra.Command {
 			view := describe.MachineView{Machine: m}
 			var mc *clusterv1.MachineClass
 			if ref := m.Spec.ClassRef; ref != nil {
+				view.Class = ref.Name
 				mc = &clusterv1.MachineClass{}
-				if err := c.Get(cmd.Context(), types.NamespacedName{Name: ref.Name}, mc); err != nil {
+				switch err := c.Get(cmd.Context(), types.NamespacedName{Name: ref.Name}, mc); {
+				case apierrors.IsNotFound(err):
+					// The machine runs on; what its class gave it cannot be shown.
+					mc, view.ClassGone = nil, true
+				case err != nil:
 					return fmt.Errorf("reading machine class %s: %w", ref.Name, err)
 				}
-				view.Class = mc.Name
 			}
 			resolved, err := class.Merge(mc, &m.Spec)
 			if err != nil {

@@ -6,6 +6,8 @@ import (
 	"io"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	"marina.dev/marina/internal/describe"
 )
 
@@ -17,7 +19,8 @@ type pollStages func(ctx context.Context) (stages []describe.Stage, failed strin
 // ends, with the time since the start; on a terminal the stage under way
 // is redrawn in place with a bar for counted stages, in a pipe a line is
 // printed when its count changes. It fails with the reason when poll
-// reports one, and when timeout passes.
+// reports one, at once with poll's error when waiting cannot mend it (see
+// permanent), and when timeout passes.
 func follow(ctx context.Context, w io.Writer, timeout time.Duration, poll pollStages) error {
 	tty := isTerminal(w)
 	start := time.Now()
@@ -68,6 +71,10 @@ func follow(ctx context.Context, w io.Writer, timeout time.Duration, poll pollSt
 				return fmt.Errorf("%s (after %s, at stage %q)", failed, elapsed, current.Name)
 			}
 		}
+		if permanent(err) {
+			clear()
+			return fmt.Errorf("after %s: %w", elapsed, err)
+		}
 		if time.Now().After(deadline) {
 			clear()
 			if err != nil {
@@ -82,4 +89,11 @@ func follow(ctx context.Context, w io.Writer, timeout time.Duration, poll pollSt
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// permanent: err is an answer of the API server that waiting does not
+// change (the object is gone, or the user may not read it), unlike a
+// refused connection while the API server restarts.
+func permanent(err error) bool {
+	return apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -19,15 +18,16 @@ import (
 )
 
 func newInitCommand() *cobra.Command {
-	var kubeconfig, kubeContext, output string
+	var kf kubeconfigFlags
+	var output string
 	var dryRun bool
 	timeout := 5 * time.Minute
 	opts := install.Options{Image: version.Get().Image, Replicas: 2}
 	cmd := &cobra.Command{
 		Use:   "init",
 		Short: "Install marina's CRDs, RBAC, admission checks and controller into an existing cluster, and check that they work",
-		Long: `init installs marina into the cluster of --kubeconfig (kubectl's default
-when unset): the CRDs, least-privilege RBAC, the admission webhook and
+		Long: `init installs marina into the cluster every marina command finds (see
+marina --help): the CRDs, least-privilege RBAC, the admission webhook and
 tenancy policy, and the controller Deployment. It applies them server-side,
 so running it again changes nothing, and a newer marina upgrades in place.
 
@@ -60,11 +60,9 @@ server can reach: start it there with
 			if dryRun {
 				return printObjects(out, output, objs)
 			}
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+			cfg, err := kf.restConfig(kf.clientConfig())
 			if err != nil {
-				return fmt.Errorf("loading kubeconfig: %w (pass --kubeconfig, or set KUBECONFIG)", err)
+				return err
 			}
 			c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
 			if err != nil {
@@ -82,8 +80,7 @@ server can reach: start it there with
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to install into (default: $KUBECONFIG, else ~/.kube/config)")
-	f.StringVar(&kubeContext, "context", "", "kubeconfig context to use (default: its current context)")
+	kf.add(f)
 	f.StringVar(&opts.Image, "image", opts.Image, "image of the controller Deployment (default: the image of this marina's version, make image; its entry point is /marina)")
 	f.Int32Var(&opts.Replicas, "replicas", opts.Replicas, "controller replicas; one leads, the others stand by and serve the webhook")
 	f.StringVar(&opts.WebhookURL, "webhook-url", "", "https URL of a controller running outside the cluster: install no Deployment and send admission checks there")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,19 +21,18 @@ func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "marina",
 		Short:         "marina declares Kubernetes clusters and machines as objects and makes them real",
+		Long:          "marina declares Kubernetes clusters and machines as objects and makes them real.\n\n" + kubeconfigHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(*cobra.Command, []string) {
-			logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(verbosity)))
-			ctrl.SetLogger(logger)
-			klog.SetLogger(logger)
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+			setLogger(cmd.ErrOrStderr(), verbosity)
 		},
 	}
 	root.PersistentFlags().IntVarP(&verbosity, "v", "v", 0, "log verbosity")
 	root.AddCommand(newUpCommand(), newControllerCommand(), newVersionCommand())
 	root.AddCommand(newNodeAgentCommand())
 	root.AddCommand(newLoadBalancerCommand())
-	root.AddCommand(newUpgradeCommand(), newDescribeCommand(), newKubeconfigCommand(), newCreateCommand(), newDeleteCommand(), newInitCommand())
+	root.AddCommand(newUpgradeCommand(), newDescribeCommand(), newKubeconfigCommand(), newCreateCommand(), newDeleteCommand(), newInitCommand(), newRolloutCommand())
 	return root
 }
 
@@ -57,6 +57,14 @@ builds.`,
 			return nil
 		},
 	}
+}
+
+// setLogger sends the log of controller-runtime and klog to w. The
+// controller-runtime logger can be set only once in a process.
+func setLogger(w io.Writer, verbosity int) {
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(verbosity), textlogger.Output(w)))
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
 }
 
 // envOr returns the environment variable's value, or def when it is unset.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -25,7 +26,11 @@ import (
 	"marina.dev/marina/tools"
 )
 
+// upLogFile is where marina up writes its controllers' log without -v.
+func upLogFile(stateDir string) string { return filepath.Join(stateDir, "logs", "marina.log") }
+
 func newUpCommand() *cobra.Command {
+	var logFile string // empty with -v: the log goes to stderr
 	pinned := tools.Pinned()
 	opts := plane.Options{
 		StateDir:    envOr("MARINA_STATE_DIR", defaultStateDir()),
@@ -42,12 +47,37 @@ func newUpCommand() *cobra.Command {
 		Long: `up starts a real etcd and kube-apiserver on loopback from the binaries that
 make setup built, installs marina's CRDs, and runs every marina controller in
 this process. State, including every object, lives in the state directory and
-survives a restart. Stop it with Ctrl-C (SIGINT) or SIGTERM.`,
+survives a restart. Stop it with Ctrl-C (SIGINT) or SIGTERM.
+
+It prints its progress and, once ready, how to reach it. The controllers log
+to logs/marina.log in the state directory; with -v N they log to stderr
+instead, at verbosity N (-v 0 included).`,
 		Args: cobra.NoArgs,
+		// Instead of the root's: the controllers' log goes to a file unless
+		// -v asks for it, so that a person sees the progress and the banner.
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			v := cmd.Flags().Lookup("v")
+			verbosity, _ := strconv.Atoi(v.Value.String())
+			if v.Changed {
+				setLogger(cmd.ErrOrStderr(), verbosity)
+				return nil
+			}
+			logFile = upLogFile(opts.StateDir)
+			if err := os.MkdirAll(filepath.Dir(logFile), 0o700); err != nil {
+				return fmt.Errorf("creating the log directory: %w", err)
+			}
+			f, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+			if err != nil {
+				return fmt.Errorf("opening the controllers' log: %w", err)
+			}
+			// Open until the process ends: the controllers log until then.
+			setLogger(f, verbosity)
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return runUp(ctx, cmd, opts)
+			return runUp(ctx, cmd, opts, logFile)
 		},
 	}
 	f := cmd.Flags()
@@ -60,7 +90,7 @@ survives a restart. Stop it with Ctrl-C (SIGINT) or SIGTERM.`,
 	return cmd
 }
 
-func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options) error {
+func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile string) error {
 	out := cmd.OutOrStdout()
 	opts.Progress = out
 	p, err := plane.Start(ctx, opts)
@@ -110,6 +140,9 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options) error {
 	fmt.Fprintf(out, "\nThe marina management plane is up (Kubernetes %s).\n", opts.KubeVersion)
 	fmt.Fprintf(out, "  export KUBECONFIG=%s\n", p.AdminKubeconfig())
 	fmt.Fprintf(out, "  kubectl get marina\n")
+	if logFile != "" {
+		fmt.Fprintf(out, "The controllers log to %s (marina up -v 1 prints it here).\n", logFile)
+	}
 	fmt.Fprintf(out, "Press Ctrl-C to stop; everything is kept in %s.\n", opts.StateDir)
 
 	select {

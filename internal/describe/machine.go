@@ -23,6 +23,8 @@ type MachineView struct {
 	NodeLabels   map[string]string  `json:"nodeLabels,omitempty"`
 	NodeTaints   []corev1.Taint     `json:"nodeTaints,omitempty"`
 	MergeError   string             `json:"mergeError,omitempty"`
+	// ClassGone: the machine's class was deleted after the machine was made.
+	ClassGone bool `json:"classGone,omitempty"`
 }
 
 // PrintMachine writes v for a person: the machine's line and every
@@ -38,7 +40,10 @@ func PrintMachine(w io.Writer, v MachineView, now time.Time, o Options) error {
 	if m.Status.NodeRef != nil {
 		fmt.Fprintf(w, "Node: %s\n", m.Status.NodeRef.Name)
 	}
-	if v.Class != "" {
+	switch {
+	case v.ClassGone:
+		fmt.Fprintf(w, "Class: %s (deleted: the machine runs on, but no machine of this class can be made until it is published again)\n", v.Class)
+	case v.Class != "":
 		fmt.Fprintf(w, "Class: %s\n", v.Class)
 	}
 	if v.MergeError != "" {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -90,11 +91,16 @@ func why(n *Node) string {
 	case n.Message == "":
 		return n.Reason
 	}
-	msg := n.Message
-	if len(msg) > 120 {
-		msg = msg[:117] + "..."
+	return n.Reason + ": " + truncate(n.Message, 120)
+}
+
+// truncate shortens s to at most n runes, ending in "..." when it cuts,
+// and never in the middle of a UTF-8 character.
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
 	}
-	return n.Reason + ": " + msg
+	return string([]rune(s)[:n-3]) + "..."
 }
 
 func condition(c metav1.Condition) string {

@@ -15,10 +15,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/flock"
 	"marina.dev/marina/internal/kubeconfig"
 	"marina.dev/marina/internal/pki"
 )
@@ -71,26 +71,33 @@ func (d stateDir) prepare() error {
 
 // lock takes an exclusive lock on the state directory so that two marina
 // processes never run one management plane twice. The lock is released by
-// the kernel when the process dies, however it dies.
+// the kernel when the process dies, however it dies. It waits a moment for
+// the lock: Running probes it by taking it for an instant.
 func (d stateDir) lock() (*os.File, error) {
-	f, err := os.OpenFile(d.path("lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("opening lock: %w", err)
+	f, err := flock.Lock(d.path("lock"), time.Second)
+	if errors.Is(err, flock.ErrHeld) {
+		holder, _ := os.ReadFile(d.path("lock"))
+		return nil, fmt.Errorf("state directory %s is in use by another marina (pid %s): "+
+			"stop it first, or choose another directory with --state-dir", string(d), strings.TrimSpace(string(holder)))
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(f.Name())
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("state directory %s is in use by another marina (pid %s): "+
-				"stop it first, or choose another directory with --state-dir", string(d), strings.TrimSpace(string(holder)))
-		}
-		return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
+	if err != nil {
+		return nil, err
 	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
 }
+
+// Running reports whether a marina up runs on the state directory dir: it
+// holds the directory's lock.
+func Running(dir string) (bool, error) {
+	return flock.Held(stateDir(dir).path("lock"))
+}
+
+// AdminKubeconfig is the administrator's kubeconfig of the management plane
+// whose state directory is dir.
+func AdminKubeconfig(dir string) string { return stateDir(dir).AdminKubeconfig() }
 
 // certs are the management plane's certificates.
 type certs struct {
