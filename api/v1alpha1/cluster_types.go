@@ -188,8 +188,10 @@ type ControlPlaneComponents struct {
 // ComponentSettings are settings of one control-plane component.
 type ComponentSettings struct {
 	// extraArgs are command-line flags added to the component's, without the
-	// leading dashes: {"v": "2", "audit-log-maxage": "30"}. A flag marina sets
-	// itself is overridden by the value here; use with care.
+	// leading dashes: {"v": "2", "audit-log-maxage": "30"}. They tune how the
+	// component behaves, not how it is wired: a flag marina sets, and any
+	// flag naming an address, port, file, credential, key or etcd, is refused
+	// (docs/security.md lists them).
 	//
 	// +optional
 	// +kubebuilder:validation:MaxProperties=64

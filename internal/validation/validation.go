@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/ownedflags"
 )
 
 // Cluster checks a Cluster: its name (a DNS label: it is the value of the
@@ -38,9 +39,9 @@ func Cluster(c *clusterv1.Cluster) field.ErrorList {
 		errs = append(errs, dnsSubdomain(ext.SecretRef.Name, cpPath.Child("etcd", "external", "secretRef", "name"))...)
 	}
 	comps := cpPath.Child("components")
-	errs = append(errs, extraArgs(cp.Components.APIServer.ExtraArgs, comps.Child("apiServer", "extraArgs"))...)
-	errs = append(errs, extraArgs(cp.Components.ControllerManager.ExtraArgs, comps.Child("controllerManager", "extraArgs"))...)
-	errs = append(errs, extraArgs(cp.Components.Scheduler.ExtraArgs, comps.Child("scheduler", "extraArgs"))...)
+	errs = append(errs, extraArgs(ownedflags.APIServer, cp.Components.APIServer.ExtraArgs, comps.Child("apiServer", "extraArgs"))...)
+	errs = append(errs, extraArgs(ownedflags.ControllerManager, cp.Components.ControllerManager.ExtraArgs, comps.Child("controllerManager", "extraArgs"))...)
+	errs = append(errs, extraArgs(ownedflags.Scheduler, cp.Components.Scheduler.ExtraArgs, comps.Child("scheduler", "extraArgs"))...)
 	return errs
 }
 

@@ -162,6 +162,29 @@ func TestCluster(t *testing.T) {
 		{name: "extraArgs key with its value", change: func(c *clusterv1.Cluster) {
 			c.Spec.ControlPlane.Components.ControllerManager.ExtraArgs = map[string]string{"v=2": ""}
 		}, want: want{field.ErrorTypeInvalid, "spec.controlPlane.components.controllerManager.extraArgs[v=2]", "put the value in the map's value"}},
+		// Issue 24, finding 1: extraArgs tune, they do not rewire.
+		{name: "extraArgs that tune are allowed", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.ControllerManager.ExtraArgs = map[string]string{"node-monitor-grace-period": "20s", "v": "2"}
+			c.Spec.ControlPlane.Components.Scheduler.ExtraArgs = map[string]string{"v": "4", "feature-gates": "A=true"}
+		}},
+		{name: "API server bound to every interface", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.APIServer.ExtraArgs["bind-address"] = "0.0.0.0"
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.apiServer.extraArgs[bind-address]", "kube-apiserver --bind-address is owned by marina: it sets an address or port"}},
+		{name: "API server that authorizes everyone", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.APIServer.ExtraArgs["authorization-mode"] = "AlwaysAllow"
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.apiServer.extraArgs[authorization-mode]", "(authorization and admission)"}},
+		{name: "API server on another cluster's etcd", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.APIServer.ExtraArgs["etcd-servers"] = "https://127.0.0.1:2379"
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.apiServer.extraArgs[etcd-servers]", "wires the API server to etcd"}},
+		{name: "controller manager signing with another CA", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.ControllerManager.ExtraArgs = map[string]string{"cluster-signing-key-file": "/var/lib/marina/pki/ca.key"}
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.controllerManager.extraArgs[cluster-signing-key-file]", "signing keys"}},
+		{name: "a path flag no rule names", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.APIServer.ExtraArgs["audit-log-path"] = "/etc/passwd"
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.apiServer.extraArgs[audit-log-path]", "names a file or directory"}},
+		{name: "scheduler config file", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.Scheduler.ExtraArgs = map[string]string{"config": "/tmp/x"}
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.scheduler.extraArgs[config]", "remove this flag"}},
 		{name: "control-plane class name in upper case", change: func(c *clusterv1.Cluster) {
 			c.Spec.ControlPlane.ClassRef = &clusterv1.MachineClassReference{Name: "Large"}
 		}, want: want{field.ErrorTypeInvalid, "spec.controlPlane.classRef.name", "a lowercase RFC 1123 subdomain"}},
