@@ -108,6 +108,17 @@ func testTenancy(t *testing.T, kubectl func(stdin string, args ...string) (strin
 	if out, err := kubectl(classless, "--as=bob", "--as-group=marina:admins", "create", "-f", "-"); err != nil {
 		t.Errorf("an administrator's class-less machine was refused: %v\n%s", err, out)
 	}
+	// Issue 24: only marina's own service account is exempt, not every
+	// workload that runs in marina-system.
+	intruder := machineYAML("intruder", "Worker", `providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}`)
+	if out, err := kubectl(intruder, "--as=system:serviceaccount:marina-system:other", "--as-group=tenants", "create", "-f", "-"); err == nil ||
+		!strings.Contains(out, "only marina administrators may describe a machine without a MachineClass") {
+		t.Errorf("another service account of marina-system made a class-less machine: err %v\n%s", err, out)
+	}
+	controller := machineYAML("by-controller", "Worker", `providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}`)
+	if out, err := kubectl(controller, "--as=system:serviceaccount:marina-system:marina-controller", "--as-group=tenants", "create", "-f", "-"); err != nil {
+		t.Errorf("marina's controller was refused a class-less machine: %v\n%s", err, out)
+	}
 }
 
 const tenantSetup = `
