@@ -423,3 +423,33 @@ func TestMachineHealthCheck(t *testing.T) {
 		})
 	}
 }
+
+// Issue 24, finding 3: the labels a control plane and a cluster count
+// machines by say what the machine's spec says.
+func TestMembershipLabels(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		roles  []clusterv1.MachineRole
+		want   want
+	}{
+		{"its own cluster", map[string]string{clusterv1.ClusterNameLabel: "prod"}, []clusterv1.MachineRole{clusterv1.WorkerRole}, want{}},
+		{"a control-plane machine", map[string]string{clusterv1.ControlPlaneLabel: ""}, []clusterv1.MachineRole{clusterv1.ControlPlaneRole}, want{}},
+		{"another cluster", map[string]string{clusterv1.ClusterNameLabel: "victim"}, []clusterv1.MachineRole{clusterv1.WorkerRole},
+			want{field.ErrorTypeInvalid, "metadata.labels[cluster.marina.dev/cluster-name]", `must be the machine's spec.clusterName ("prod")`}},
+		{"a worker claiming a control plane", map[string]string{clusterv1.ControlPlaneLabel: ""}, []clusterv1.MachineRole{clusterv1.WorkerRole},
+			want{field.ErrorTypeForbidden, "metadata.labels[cluster.marina.dev/control-plane]", "which have the ControlPlane role"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m", Labels: tc.labels}, Spec: machineSpec()}
+			m.Spec.Roles = tc.roles
+			check(t, Machine(m), tc.want)
+		})
+	}
+	t.Run("a set's template", func(t *testing.T) {
+		s := &clusterv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Name: "s"}, Spec: clusterv1.MachineSetSpec{
+			ClusterName: "prod", Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "a"}}, Template: template()}}
+		s.Spec.Template.ObjectMeta.Labels[clusterv1.ControlPlaneLabel] = ""
+		check(t, MachineSet(s), want{field.ErrorTypeForbidden, "spec.template.metadata.labels[cluster.marina.dev/control-plane]", "ControlPlane role"})
+	})
+}
