@@ -44,8 +44,9 @@ const (
 	// cloud.
 	Cluster Reason = "it names the cluster, its networks, another API server or a cloud"
 	// Set: marina sets it so that the component works in a marina cluster
-	// (one leader among replicas, the controllers bootstrap tokens need).
-	Set Reason = "marina sets it so that the component works in the cluster"
+	// (one leader among replicas, the controllers bootstrap tokens need),
+	// or marina reads it (the version a component reports).
+	Set Reason = "marina sets or relies on it for the component to work in the cluster"
 )
 
 // rule is a flag name, or a prefix of names when it ends in '*'.
@@ -87,6 +88,7 @@ var common = []rule{
 	{"master", Cluster},
 	{"cloud-*", Cluster},
 	{"emulated-version", Set},
+	{"version", Set},
 	{"leader-elect", Set},
 }
 
@@ -114,6 +116,7 @@ var byComponent = map[string][]rule{
 		{"service-cluster-ip-range", Cluster},
 		{"allow-privileged", Set},
 		{"endpoint-reconciler-type", Set},
+		{"enable-logs-handler", File},
 		{"apiserver-count", Set},
 	},
 	ControllerManager: {
@@ -133,9 +136,10 @@ var byComponent = map[string][]rule{
 
 // fileWords and addressWords catch, in any component and in flags added by
 // later releases, a name with one of these words (between '-', '.' or '_'):
-// audit-log-path, flex-volume-plugin-dir, service-node-port-range.
+// audit-log-path, flex-volume-plugin-dir, allow-metric-labels-manifest,
+// service-node-port-range.
 var (
-	fileWords    = []string{"file", "files", "path", "paths", "dir", "directory", "kubeconfig", "filepath", "cafile", "certfile", "keyfile", "socket"}
+	fileWords    = []string{"file", "files", "path", "paths", "dir", "directory", "kubeconfig", "filepath", "cafile", "certfile", "keyfile", "socket", "manifest"}
 	addressWords = []string{"address", "addresses", "port", "ip", "url", "urls", "uri", "host", "hostname", "servers"}
 )
 

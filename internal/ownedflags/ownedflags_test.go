@@ -29,6 +29,9 @@ func TestOwned(t *testing.T) {
 		{Scheduler, "master", Cluster},
 		{Scheduler, "leader-elect", Set},
 		{ControllerManager, "controllers", Set},
+		{APIServer, "version", Set},
+		{APIServer, "enable-logs-handler", File},
+		{Scheduler, "allow-metric-labels-manifest", File},
 		// A component without extraArgs owns every flag.
 		{"etcd", "quota-backend-bytes", Set},
 		{"kubelet", "v", Set},
