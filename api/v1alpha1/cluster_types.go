@@ -16,7 +16,7 @@ const LegacyClusterFinalizer = "cluster.cluster.marina.dev"
 
 // ClusterSpec is the desired state of a workload cluster.
 //
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.controlPlaneEndpoint) || !has(oldSelf.controlPlaneEndpoint.host) || oldSelf.controlPlaneEndpoint.host == '' || (has(self.controlPlaneEndpoint) && has(self.controlPlaneEndpoint.host) && self.controlPlaneEndpoint == oldSelf.controlPlaneEndpoint)",message="controlPlaneEndpoint cannot be removed or changed once set: certificates and kubeconfigs name it; put a load balancer or DNS name in front instead",fieldPath=.controlPlaneEndpoint
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.controlPlaneEndpoint) || !has(oldSelf.controlPlaneEndpoint.host) || oldSelf.controlPlaneEndpoint.host.size() == 0 || (has(self.controlPlaneEndpoint) && has(self.controlPlaneEndpoint.host) && self.controlPlaneEndpoint == oldSelf.controlPlaneEndpoint)",message="controlPlaneEndpoint cannot be removed or changed once set: certificates and kubeconfigs name it; put a load balancer or DNS name in front instead",fieldPath=.controlPlaneEndpoint
 type ClusterSpec struct {
 	// paused stops every marina controller from acting on this cluster and its
 	// machines (for maintenance by hand, or while moving it between management

@@ -69,7 +69,7 @@ func tenant(t *testing.T) client.Client {
 	ctx := context.Background()
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: "attack-tenant"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{clusterv1.GroupVersion.Group}, Resources: []string{"*"}, Verbs: []string{"*"}}},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{clusterv1.GroupVersion.Group}, Resources: []string{"*"}, Verbs: []string{"*"}}},
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "attack-tenant"},
