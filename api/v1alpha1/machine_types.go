@@ -31,7 +31,7 @@ type MachineSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="must be the name of a Cluster: a DNS label of lower-case letters, digits and '-'"
 	ClusterName string `json:"clusterName"`
 
 	// roles are the parts the machine plays in its cluster: ControlPlane,
