@@ -50,13 +50,14 @@ func isPrivileged(u authenticationv1.UserInfo) bool {
 // removes compared with oldObj (nil on create), in its metadata and in a
 // set's machine template.
 func reservedLabelChanges(oldObj, newObj client.Object) field.ErrorList {
-	before := map[string]map[string]string{}
+	var before map[string]map[string]string
 	if oldObj != nil {
 		before = labelsOf(oldObj)
 	}
 	var errs field.ErrorList
-	for _, path := range []string{"metadata.labels", "spec.template.metadata.labels"} {
-		after, ok := labelsOf(newObj)[path]
+	labels := labelsOf(newObj)
+	for _, path := range []string{"metadata.labels", "spec.template.metadata.labels"} { // in a stable order
+		after, ok := labels[path]
 		if !ok {
 			continue
 		}
@@ -66,18 +67,15 @@ func reservedLabelChanges(oldObj, newObj client.Object) field.ErrorList {
 			if has == had && v == old {
 				continue
 			}
-			p := field.NewPath("metadata", "labels")
-			if path != "metadata.labels" {
-				p = field.NewPath("spec", "template", "metadata", "labels")
-			}
-			errs = append(errs, field.Forbidden(p.Key(k), fmt.Sprintf(
+			errs = append(errs, field.Forbidden(field.NewPath(path).Key(k), fmt.Sprintf(
 				"only marina's controllers and administrators (group %s) may add, change or remove this label: it decides which machines a control plane or a deployment counts", AdminGroup)))
 		}
 	}
 	return errs
 }
 
-// labelsOf are an object's label maps by where they are.
+// labelsOf are an object's label maps by their field path: its own, and
+// those a set gives its machines.
 func labelsOf(obj client.Object) map[string]map[string]string {
 	out := map[string]map[string]string{"metadata.labels": obj.GetLabels()}
 	switch o := obj.(type) {
