@@ -15,6 +15,8 @@ const ClusterFinalizer = "cluster.marina.dev/cluster"
 const LegacyClusterFinalizer = "cluster.cluster.marina.dev"
 
 // ClusterSpec is the desired state of a workload cluster.
+//
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.controlPlaneEndpoint) || !has(oldSelf.controlPlaneEndpoint.host) || oldSelf.controlPlaneEndpoint.host.size() == 0 || (has(self.controlPlaneEndpoint) && has(self.controlPlaneEndpoint.host) && self.controlPlaneEndpoint == oldSelf.controlPlaneEndpoint)",message="controlPlaneEndpoint cannot be removed or changed once set: certificates and kubeconfigs name it; put a load balancer or DNS name in front instead",fieldPath=.controlPlaneEndpoint
 type ClusterSpec struct {
 	// paused stops every marina controller from acting on this cluster and its
 	// machines (for maintenance by hand, or while moving it between management
@@ -81,6 +83,7 @@ type ClusterNetwork struct {
 	// +kubebuilder:default=cluster.local
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="must be a DNS domain such as cluster.local: lower-case letters, digits and '-', in dot-separated labels"
+	// +kubebuilder:validation:XValidation:rule="self.split('.').all(l, l.size() <= 63)",message="each dot-separated label of a DNS domain may be at most 63 characters"
 	DNSDomain string `json:"dnsDomain,omitempty"`
 }
 
@@ -190,8 +193,10 @@ type ControlPlaneComponents struct {
 // ComponentSettings are settings of one control-plane component.
 type ComponentSettings struct {
 	// extraArgs are command-line flags added to the component's, without the
-	// leading dashes: {"v": "2", "audit-log-maxage": "30"}. A flag marina sets
-	// itself is overridden by the value here; use with care.
+	// leading dashes: {"v": "2", "audit-log-maxage": "30"}. They tune how the
+	// component behaves, not how it is wired: a flag marina sets, and any
+	// flag naming an address, port, file, credential, key or etcd, is refused
+	// (docs/security.md lists them).
 	//
 	// +optional
 	// +kubebuilder:validation:MaxProperties=64

@@ -22,13 +22,16 @@ const LegacyMachineFinalizer = "machine.cluster.marina.dev"
 // +kubebuilder:validation:XValidation:rule="has(self.classRef) || has(self.providerSpec)",message="a machine needs a provider configuration: set classRef.name to a MachineClass (kubectl get machineclasses), or set providerSpec to a full provider object with apiVersion and kind",fieldPath=.providerSpec,reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="!('ControlPlane' in self.roles) || has(self.versions.controlPlane)",message="versions.controlPlane is required on a machine with the ControlPlane role: set it to the control-plane version this machine runs, e.g. v1.37.2",fieldPath=.versions.controlPlane,reason=FieldValueRequired
 // +kubebuilder:validation:XValidation:rule="'ControlPlane' in self.roles || !has(self.versions.controlPlane)",message="versions.controlPlane is only for machines with the ControlPlane role: remove it, or add ControlPlane to roles",fieldPath=.versions.controlPlane,reason=FieldValueForbidden
+// +kubebuilder:validation:XValidation:rule="'ControlPlane' in self.roles || !isSemver(self.versions.kubelet, true) || !isSemver(oldSelf.versions.kubelet, true) || (semver(self.versions.kubelet, true).major() == semver(oldSelf.versions.kubelet, true).major() && semver(self.versions.kubelet, true).minor() >= semver(oldSelf.versions.kubelet, true).minor() && semver(self.versions.kubelet, true).minor() <= semver(oldSelf.versions.kubelet, true).minor() + 1)",message="a worker's kubelet may go up by at most one minor version at a time and never down a minor version (Kubernetes version skew policy): e.g. move v1.36.x to v1.37.x first, then to v1.38.x",fieldPath=.versions.kubelet
 type MachineSpec struct {
 	// clusterName is the name of the Cluster, in the same namespace, that this
-	// machine belongs to. It cannot be changed after creation.
+	// machine belongs to: a DNS label (providers use it in names and paths).
+	// It cannot be changed after creation.
 	//
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="must be the name of a Cluster: a DNS label of lower-case letters, digits and '-'"
 	ClusterName string `json:"clusterName"`
 
 	// roles are the parts the machine plays in its cluster: ControlPlane,
@@ -133,7 +136,9 @@ type MachineSpec struct {
 type MachineVersions struct {
 	// kubelet is the version of the kubelet (and kube-proxy) on the machine,
 	// for example v1.37.2. It must not be newer than the cluster's control
-	// plane.
+	// plane (nor, on a worker, than the oldest API server running), nor more
+	// than three minor versions older. On a worker it goes up one minor
+	// version at a time and never down one.
 	//
 	// +required
 	Kubelet KubernetesVersion `json:"kubelet"`

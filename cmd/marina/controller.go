@@ -24,7 +24,10 @@ import (
 func newControllerCommand() *cobra.Command {
 	var kubeconfig, localDir, binDir, webhookService, webhookHost string
 	webhookPort := 9443
-	certs := webhook.CertOptions{SecretName: "marina-webhook-tls", Dir: filepath.Join(os.TempDir(), "marina-webhook-certs")}
+	// The serving key is kept in the state directory (mode 0700), never
+	// under a fixed name in the shared /tmp, where another local user could
+	// make the directory first and read or replace the key.
+	certs := webhook.CertOptions{SecretName: "marina-webhook-tls", Dir: filepath.Join(envOr("MARINA_STATE_DIR", defaultStateDir()), "webhook-certs")}
 	var externalKinds []string
 	opts := manager.Options{
 		LeaderElection:          true,

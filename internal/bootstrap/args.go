@@ -28,23 +28,21 @@ func checkFlagName(name string) error {
 	return nil
 }
 
-// withExtraArgs renders flags as arguments, the value of a flag named in
-// extra replaced in place, and extra's other flags appended in name order:
-// no flag is ever given twice, so which value wins never depends on how a
-// component parses repeated flags.
+// withExtraArgs renders flags as arguments, then extra's flags in name
+// order. A flag of extra that marina sets never replaces marina's value:
+// resolve refuses every flag marina owns (ownedflags) with the reason, and
+// this is the last line behind it. No flag is ever given twice, so which
+// value wins never depends on how a component parses repeated flags.
 func withExtraArgs(flags []flag, extra map[string]string) []string {
 	args := make([]string, 0, len(flags)+len(extra))
-	used := map[string]bool{}
+	set := map[string]bool{}
 	for _, f := range flags {
-		if v, ok := extra[f.name]; ok {
-			f.value = v
-			used[f.name] = true
-		}
+		set[f.name] = true
 		args = append(args, "--"+f.name+"="+f.value)
 	}
 	rest := make([]string, 0, len(extra))
 	for name := range extra {
-		if !used[name] {
+		if !set[name] {
 			rest = append(rest, name)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"marina.dev/marina/internal/clusterpki"
 	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/ownedflags"
 	"marina.dev/marina/tools"
 )
 
@@ -384,6 +385,12 @@ func resolve(m *Machine) (*input, error) {
 		for _, k := range names {
 			if err := checkFlagName(k); err != nil {
 				fail("extraArgs of %s: %w", c.name, err)
+				continue
+			}
+			// Admission refuses these too; a Cluster stored before that
+			// rule must still not rewire a component.
+			if reason, owned := ownedflags.Owned(c.name, k); owned {
+				fail("extraArgs of %s: flag %q is owned by marina (%s): remove it from the Cluster", c.name, k, reason)
 			}
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/ownedflags"
 	"marina.dev/marina/internal/pki"
 	"marina.dev/marina/tools"
 )
@@ -161,32 +162,31 @@ func TestComponentKubeconfigsReachTheMachinesOwnAPIServer(t *testing.T) {
 	}
 }
 
-func TestExtraArgsOverrideMarinasFlagsWithoutDuplicating(t *testing.T) {
+// extraArgs tune a component: they are appended after marina's flags, in
+// name order, each once.
+func TestExtraArgsAreAppendedOnceInNameOrder(t *testing.T) {
 	set := newSet(t)
 	m := stackedMachine(t, set)
 	m.Components = clusterv1.ControlPlaneComponents{
-		APIServer:         clusterv1.ComponentSettings{ExtraArgs: map[string]string{"authorization-mode": "RBAC", "v": "2", "audit-log-maxage": "30"}},
-		ControllerManager: clusterv1.ComponentSettings{ExtraArgs: map[string]string{"leader-elect": "false", "allocate-node-cidrs": "false"}},
-		Scheduler:         clusterv1.ComponentSettings{ExtraArgs: map[string]string{"secure-port": "0"}},
+		APIServer:         clusterv1.ComponentSettings{ExtraArgs: map[string]string{"v": "2", "audit-log-maxage": "30"}},
+		ControllerManager: clusterv1.ComponentSettings{ExtraArgs: map[string]string{"node-monitor-grace-period": "20s"}},
+		Scheduler:         clusterv1.ComponentSettings{ExtraArgs: map[string]string{"v": "4"}},
 	}
 	b := mustBundle(t, m)
 	for _, tc := range []struct {
 		component, flag, want string
 	}{
-		{bootstrap.APIServer, "authorization-mode", "RBAC"},
 		{bootstrap.APIServer, "v", "2"},
 		{bootstrap.APIServer, "audit-log-maxage", "30"},
 		{bootstrap.APIServer, "enable-bootstrap-token-auth", "true"}, // untouched
-		{bootstrap.ControllerManager, "leader-elect", "false"},
-		{bootstrap.ControllerManager, "allocate-node-cidrs", "false"},
-		{bootstrap.Scheduler, "secure-port", "0"},
+		{bootstrap.ControllerManager, "node-monitor-grace-period", "20s"},
+		{bootstrap.Scheduler, "v", "4"},
 		{bootstrap.Scheduler, "leader-elect", "true"},
 	} {
 		if got := flag(t, b.Manifests[tc.component], tc.flag); got != tc.want {
 			t.Errorf("%s --%s = %q, want %q", tc.component, tc.flag, got, tc.want)
 		}
 	}
-	// Flags marina sets keep their place; new ones come last, by name.
 	args := b.Manifests[bootstrap.APIServer].Args
 	if n := len(args); args[n-2] != "--audit-log-maxage=30" || args[n-1] != "--v=2" {
 		t.Errorf("extra flags are not appended in name order: ...%v", args[n-2:])
@@ -197,6 +197,67 @@ func TestExtraArgsOverrideMarinasFlagsWithoutDuplicating(t *testing.T) {
 		m.Components.Scheduler.ExtraArgs = map[string]string{bad: "1"}
 		if _, err := bootstrap.ControlPlane(m, time.Now()); err == nil {
 			t.Errorf("extraArgs key %q was accepted", bad)
+		}
+	}
+}
+
+// Issue 24, finding 1: a Cluster stored before admission refused owned
+// flags (or written past it) must still not rewire a component that runs
+// on the management host: no bundle is made, and the error names the flag
+// and why.
+func TestExtraArgsNeverRewireAComponent(t *testing.T) {
+	set := newSet(t)
+	for _, tc := range []struct {
+		name  string
+		set   func(m *bootstrap.Machine)
+		flag  string
+		cause string
+	}{
+		{"API server on every interface", func(m *bootstrap.Machine) {
+			m.Components.APIServer.ExtraArgs = map[string]string{"bind-address": "0.0.0.0"}
+		}, "bind-address", "address or port"},
+		{"API server without authorization", func(m *bootstrap.Machine) {
+			m.Components.APIServer.ExtraArgs = map[string]string{"authorization-mode": "AlwaysAllow"}
+		}, "authorization-mode", "authorization"},
+		{"API server on another cluster's etcd", func(m *bootstrap.Machine) {
+			m.Components.APIServer.ExtraArgs = map[string]string{"etcd-servers": "https://127.0.0.1:2379"}
+		}, "etcd-servers", "etcd"},
+		{"controller manager signing with the management CA", func(m *bootstrap.Machine) {
+			m.Components.ControllerManager.ExtraArgs = map[string]string{"cluster-signing-key-file": "/var/lib/marina/pki/ca.key"}
+		}, "cluster-signing-key-file", "signing keys"},
+		{"scheduler on another port", func(m *bootstrap.Machine) {
+			m.Components.Scheduler.ExtraArgs = map[string]string{"secure-port": "0"}
+		}, "secure-port", "address or port"},
+		{"a recorded upgrade's settings", func(m *bootstrap.Machine) {
+			m.SettingsByVersion = map[string]clusterv1.ControlPlaneComponents{
+				"v1.38.0": {APIServer: clusterv1.ComponentSettings{ExtraArgs: map[string]string{"audit-log-path": "/etc/shadow"}}},
+			}
+		}, "audit-log-path", "file or directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := stackedMachine(t, set)
+			tc.set(m)
+			_, err := bootstrap.ControlPlane(m, time.Now())
+			if err == nil {
+				t.Fatalf("extraArgs --%s was rendered", tc.flag)
+			}
+			if !strings.Contains(err.Error(), fmt.Sprintf("%q is owned by marina", tc.flag)) || !strings.Contains(err.Error(), tc.cause) {
+				t.Errorf("error does not name --%s as owned by marina because of %q: %v", tc.flag, tc.cause, err)
+			}
+		})
+	}
+}
+
+// Every flag marina renders is on the owned list, so that a flag added to
+// bootstrap without being listed cannot be overridden from extraArgs.
+func TestEveryFlagMarinaSetsIsOwned(t *testing.T) {
+	set := newSet(t)
+	m := stackedMachine(t, set)
+	for name, man := range mustBundle(t, m).Manifests {
+		for f := range flags(t, man) {
+			if _, owned := ownedflags.Owned(name, f); !owned {
+				t.Errorf("%s --%s is set by marina but not owned (internal/ownedflags): add it to the list", name, f)
+			}
 		}
 	}
 }

@@ -73,8 +73,7 @@ func providerSpec(raw *runtime.RawExtension, fldPath *field.Path) field.ErrorLis
 	}
 	err := field.TooLong(fldPath, "", ProviderSpecMaxBytes)
 	// The size is left out of the message so that the error reads the same
-	// for every oversized value: the webhook tells an update's new errors
-	// from those the stored object already had by their message.
+	// for every oversized value.
 	err.Detail = fmt.Sprintf("may hold at most %d bytes of JSON: keep large data (scripts, images, certificates) in a Secret or ConfigMap the provider reads",
 		ProviderSpecMaxBytes)
 	return field.ErrorList{err}

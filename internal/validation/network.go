@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/ownedflags"
 )
 
 // MaxServiceNetworkHostBits is the largest number of host bits a service
@@ -64,8 +65,10 @@ func endpointHost(host string, fldPath *field.Path) field.ErrorList {
 // a few with '.' or '_'.
 var flagName = regexp.MustCompile(`^[a-z0-9][-a-z0-9._]*$`)
 
-// extraArgs checks the keys of a component's extra flags.
-func extraArgs(args map[string]string, fldPath *field.Path) field.ErrorList {
+// extraArgs checks the keys of a component's extra flags: flag names, and
+// none of those marina owns (ownedflags): extraArgs tune how a component
+// behaves, not how it is wired to addresses, files, credentials and etcd.
+func extraArgs(component string, args map[string]string, fldPath *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	for _, k := range sortedKeys(args) {
 		p := fldPath.Key(k)
@@ -74,6 +77,11 @@ func extraArgs(args map[string]string, fldPath *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(p, k, "write the flag name without leading dashes, e.g. audit-log-maxage rather than --audit-log-maxage"))
 		case !flagName.MatchString(k):
 			errs = append(errs, field.Invalid(p, k, "must be a flag name without dashes or value, e.g. v or audit-log-maxage: lower-case letters, digits, '-', '.' and '_'; put the value in the map's value"))
+		default:
+			if reason, owned := ownedflags.Owned(component, k); owned {
+				errs = append(errs, field.Forbidden(p, fmt.Sprintf(
+					"%s --%s is owned by marina: %s. extraArgs may tune a component's behaviour, not its wiring: remove this flag (docs/security.md lists the flags marina owns)", component, k, reason)))
+			}
 		}
 	}
 	return errs

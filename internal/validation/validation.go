@@ -2,6 +2,7 @@ package validation
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -9,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/ownedflags"
 )
 
 // Cluster checks a Cluster: its name (a DNS label: it is the value of the
@@ -38,15 +40,35 @@ func Cluster(c *clusterv1.Cluster) field.ErrorList {
 		errs = append(errs, dnsSubdomain(ext.SecretRef.Name, cpPath.Child("etcd", "external", "secretRef", "name"))...)
 	}
 	comps := cpPath.Child("components")
-	errs = append(errs, extraArgs(cp.Components.APIServer.ExtraArgs, comps.Child("apiServer", "extraArgs"))...)
-	errs = append(errs, extraArgs(cp.Components.ControllerManager.ExtraArgs, comps.Child("controllerManager", "extraArgs"))...)
-	errs = append(errs, extraArgs(cp.Components.Scheduler.ExtraArgs, comps.Child("scheduler", "extraArgs"))...)
+	errs = append(errs, extraArgs(ownedflags.APIServer, cp.Components.APIServer.ExtraArgs, comps.Child("apiServer", "extraArgs"))...)
+	errs = append(errs, extraArgs(ownedflags.ControllerManager, cp.Components.ControllerManager.ExtraArgs, comps.Child("controllerManager", "extraArgs"))...)
+	errs = append(errs, extraArgs(ownedflags.Scheduler, cp.Components.Scheduler.ExtraArgs, comps.Child("scheduler", "extraArgs"))...)
 	return errs
 }
 
-// Machine checks a Machine's spec: see MachineSpec.
+// Machine checks a Machine's spec (see MachineSpec) and that its reserved
+// labels say what its spec says (see membershipLabels).
 func Machine(m *clusterv1.Machine) field.ErrorList {
-	return MachineSpec(&m.Spec, field.NewPath("spec"))
+	errs := membershipLabels(m.Labels, &m.Spec, field.NewPath("metadata", "labels"))
+	return append(errs, MachineSpec(&m.Spec, field.NewPath("spec"))...)
+}
+
+// membershipLabels checks the labels that make a machine count in a
+// cluster and its control plane: cluster.marina.dev/cluster-name, when set,
+// is the machine's spec.clusterName, and cluster.marina.dev/control-plane is
+// only on a machine with the ControlPlane role. Otherwise a worker could be
+// counted in another cluster, or in a control plane's decisions (issue 24).
+func membershipLabels(labels map[string]string, spec *clusterv1.MachineSpec, fldPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if v, ok := labels[clusterv1.ClusterNameLabel]; ok && v != spec.ClusterName {
+		errs = append(errs, field.Invalid(fldPath.Key(clusterv1.ClusterNameLabel), v, fmt.Sprintf(
+			"must be the machine's spec.clusterName (%q): set it to that, or remove it (marina sets it)", spec.ClusterName)))
+	}
+	if _, ok := labels[clusterv1.ControlPlaneLabel]; ok && !slices.Contains(spec.Roles, clusterv1.ControlPlaneRole) {
+		errs = append(errs, field.Forbidden(fldPath.Key(clusterv1.ControlPlaneLabel),
+			"marks the machines a Cluster's control plane made, which have the ControlPlane role: remove it"))
+	}
+	return errs
 }
 
 // MachineClass checks a MachineClass: the size of its provider
@@ -102,6 +124,7 @@ func machineSet(sel *metav1.LabelSelector, tmpl *clusterv1.MachineTemplateSpec, 
 	errs := selector(sel, selPath)
 	meta := tmplPath.Child("metadata")
 	errs = append(errs, labelMap(tmpl.ObjectMeta.Labels, meta.Child("labels"))...)
+	errs = append(errs, membershipLabels(tmpl.ObjectMeta.Labels, &tmpl.Spec, meta.Child("labels"))...)
 	errs = append(errs, annotationMap(tmpl.ObjectMeta.Annotations, meta.Child("annotations"))...)
 	errs = append(errs, MachineSpec(&tmpl.Spec, tmplPath.Child("spec"))...)
 

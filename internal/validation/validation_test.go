@@ -162,6 +162,29 @@ func TestCluster(t *testing.T) {
 		{name: "extraArgs key with its value", change: func(c *clusterv1.Cluster) {
 			c.Spec.ControlPlane.Components.ControllerManager.ExtraArgs = map[string]string{"v=2": ""}
 		}, want: want{field.ErrorTypeInvalid, "spec.controlPlane.components.controllerManager.extraArgs[v=2]", "put the value in the map's value"}},
+		// Issue 24, finding 1: extraArgs tune, they do not rewire.
+		{name: "extraArgs that tune are allowed", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.ControllerManager.ExtraArgs = map[string]string{"node-monitor-grace-period": "20s", "v": "2"}
+			c.Spec.ControlPlane.Components.Scheduler.ExtraArgs = map[string]string{"v": "4", "feature-gates": "A=true"}
+		}},
+		{name: "API server bound to every interface", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.APIServer.ExtraArgs["bind-address"] = "0.0.0.0"
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.apiServer.extraArgs[bind-address]", "kube-apiserver --bind-address is owned by marina: it sets an address or port"}},
+		{name: "API server that authorizes everyone", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.APIServer.ExtraArgs["authorization-mode"] = "AlwaysAllow"
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.apiServer.extraArgs[authorization-mode]", "(authorization and admission)"}},
+		{name: "API server on another cluster's etcd", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.APIServer.ExtraArgs["etcd-servers"] = "https://127.0.0.1:2379"
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.apiServer.extraArgs[etcd-servers]", "wires the API server to etcd"}},
+		{name: "controller manager signing with another CA", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.ControllerManager.ExtraArgs = map[string]string{"cluster-signing-key-file": "/var/lib/marina/pki/ca.key"}
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.controllerManager.extraArgs[cluster-signing-key-file]", "signing keys"}},
+		{name: "a path flag no rule names", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.APIServer.ExtraArgs["audit-log-path"] = "/etc/passwd"
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.apiServer.extraArgs[audit-log-path]", "names a file or directory"}},
+		{name: "scheduler config file", change: func(c *clusterv1.Cluster) {
+			c.Spec.ControlPlane.Components.Scheduler.ExtraArgs = map[string]string{"config": "/tmp/x"}
+		}, want: want{field.ErrorTypeForbidden, "spec.controlPlane.components.scheduler.extraArgs[config]", "remove this flag"}},
 		{name: "control-plane class name in upper case", change: func(c *clusterv1.Cluster) {
 			c.Spec.ControlPlane.ClassRef = &clusterv1.MachineClassReference{Name: "Large"}
 		}, want: want{field.ErrorTypeInvalid, "spec.controlPlane.classRef.name", "a lowercase RFC 1123 subdomain"}},
@@ -399,4 +422,34 @@ func TestMachineHealthCheck(t *testing.T) {
 			check(t, MachineHealthCheck(h), tc.want)
 		})
 	}
+}
+
+// Issue 24, finding 3: the labels a control plane and a cluster count
+// machines by say what the machine's spec says.
+func TestMembershipLabels(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		roles  []clusterv1.MachineRole
+		want   want
+	}{
+		{"its own cluster", map[string]string{clusterv1.ClusterNameLabel: "prod"}, []clusterv1.MachineRole{clusterv1.WorkerRole}, want{}},
+		{"a control-plane machine", map[string]string{clusterv1.ControlPlaneLabel: ""}, []clusterv1.MachineRole{clusterv1.ControlPlaneRole}, want{}},
+		{"another cluster", map[string]string{clusterv1.ClusterNameLabel: "victim"}, []clusterv1.MachineRole{clusterv1.WorkerRole},
+			want{field.ErrorTypeInvalid, "metadata.labels[cluster.marina.dev/cluster-name]", `must be the machine's spec.clusterName ("prod")`}},
+		{"a worker claiming a control plane", map[string]string{clusterv1.ControlPlaneLabel: ""}, []clusterv1.MachineRole{clusterv1.WorkerRole},
+			want{field.ErrorTypeForbidden, "metadata.labels[cluster.marina.dev/control-plane]", "which have the ControlPlane role"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m", Labels: tc.labels}, Spec: machineSpec()}
+			m.Spec.Roles = tc.roles
+			check(t, Machine(m), tc.want)
+		})
+	}
+	t.Run("a set's template", func(t *testing.T) {
+		s := &clusterv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Name: "s"}, Spec: clusterv1.MachineSetSpec{
+			ClusterName: "prod", Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "a"}}, Template: template()}}
+		s.Spec.Template.ObjectMeta.Labels[clusterv1.ControlPlaneLabel] = ""
+		check(t, MachineSet(s), want{field.ErrorTypeForbidden, "spec.template.metadata.labels[cluster.marina.dev/control-plane]", "ControlPlane role"})
+	})
 }

@@ -32,10 +32,11 @@ type checker struct {
 	external  []schema.GroupVersionKind
 }
 
-// machineSpec checks what a machine's spec (or a set's template) needs
-// other objects for: its class and provider configuration, and its versions
-// against its Cluster. path is where the spec is in the object.
-func (c *checker) machineSpec(ctx context.Context, namespace string, spec *clusterv1.MachineSpec, path *field.Path) (field.ErrorList, admission.Warnings, error) {
+// machineSpec checks what a machine's spec (or, with machine false, a set's
+// template) needs other objects for: its class and provider configuration,
+// and its versions against its Cluster. path is where the spec is in the
+// object.
+func (c *checker) machineSpec(ctx context.Context, namespace string, spec *clusterv1.MachineSpec, machine bool, path *field.Path) (field.ErrorList, admission.Warnings, error) {
 	errs, warnings, kind, err := c.resolve(ctx, spec, path)
 	if err != nil {
 		return nil, nil, err
@@ -46,7 +47,7 @@ func (c *checker) machineSpec(ctx context.Context, namespace string, spec *clust
 	cluster := &clusterv1.Cluster{}
 	switch err := c.reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: spec.ClusterName}, cluster); {
 	case apierrors.IsNotFound(err):
-		warnings = append(warnings, fmt.Sprintf("Cluster %s/%s does not exist yet: the kubelet version is checked against its control plane once it does", namespace, spec.ClusterName))
+		warnings = append(warnings, fmt.Sprintf("Cluster %s/%s does not exist: the kubelet version was not checked against its control plane, and nothing checks it later; create the Cluster first", namespace, spec.ClusterName))
 		return errs, warnings, nil
 	case err != nil:
 		return nil, nil, fmt.Errorf("reading Cluster %s/%s: %w", namespace, spec.ClusterName, err)
@@ -54,7 +55,14 @@ func (c *checker) machineSpec(ctx context.Context, namespace string, spec *clust
 	if cluster.DeletionTimestamp != nil {
 		errs = append(errs, field.Forbidden(path.Child("clusterName"), fmt.Sprintf("Cluster %q is being deleted: machines cannot be added to it", spec.ClusterName)))
 	}
-	errs = append(errs, kubeletSkew(spec.Versions.Kubelet, cluster.Spec.ControlPlane.Version, path.Child("versions", "kubelet"))...)
+	// A worker machine's kubelet talks to the API servers as they run now;
+	// a template's machines, and a control-plane machine's kubelet (which
+	// talks to its own API server), follow the Cluster's version.
+	running := ""
+	if machine && !slices.Contains(spec.Roles, clusterv1.ControlPlaneRole) {
+		running = cluster.Status.ControlPlane.Components.APIServer
+	}
+	errs = append(errs, kubeletSkew(spec.Versions.Kubelet, cluster.Spec.ControlPlane.Version, running, path.Child("versions", "kubelet"))...)
 	if slices.Contains(spec.Roles, clusterv1.ControlPlaneRole) && spec.Versions.ControlPlane != "" {
 		errs = append(errs, c.runnable(spec.Versions.ControlPlane, kind, path.Child("versions", "controlPlane"))...)
 	}
@@ -159,16 +167,35 @@ func (c *checker) runnable(v clusterv1.KubernetesVersion, kind schema.GroupVersi
 	return field.ErrorList{field.NotSupported(path, v, available)}
 }
 
-// kubeletSkew refuses a kubelet newer than its cluster's control plane: the
-// version skew policy lets a kubelet be older, never newer.
-func kubeletSkew(kubelet, controlPlane clusterv1.KubernetesVersion, path *field.Path) field.ErrorList {
+// MaxKubeletMinorsBehind is how many minor versions a kubelet may be older
+// than its control plane (Kubernetes version skew policy).
+const MaxKubeletMinorsBehind = 3
+
+// kubeletSkew applies the version skew policy to a kubelet: never newer
+// than the control plane's version (desired), nor than the oldest API
+// server running (running; empty when unknown or not the kubelet's to
+// follow), and at most MaxKubeletMinorsBehind minor versions older than
+// desired.
+func kubeletSkew(kubelet, desired clusterv1.KubernetesVersion, running string, path *field.Path) field.ErrorList {
 	k, err1 := version.ParseSemantic(string(kubelet))
-	cp, err2 := version.ParseSemantic(string(controlPlane))
-	if err1 != nil || err2 != nil || !cp.LessThan(k) {
-		return nil
+	cp, err2 := version.ParseSemantic(string(desired))
+	if err1 != nil || err2 != nil {
+		return nil // the schema refuses what is not a version
 	}
-	return field.ErrorList{field.Invalid(path, kubelet, fmt.Sprintf(
-		"must not be newer than the cluster's control plane (%s): lower it, or upgrade the Cluster's spec.controlPlane.version first", controlPlane))}
+	if cp.LessThan(k) {
+		return field.ErrorList{field.Invalid(path, kubelet, fmt.Sprintf(
+			"must not be newer than the cluster's control plane (%s): lower it, or upgrade the Cluster's spec.controlPlane.version first", desired))}
+	}
+	if api, err := version.ParseSemantic(running); err == nil && api.LessThan(k) {
+		return field.ErrorList{field.Invalid(path, kubelet, fmt.Sprintf(
+			"must not be newer than the oldest API server the cluster runs (%s, status.controlPlane.components.apiServer): wait for the control-plane upgrade to finish, or lower it", running))}
+	}
+	if k.Major() != cp.Major() || k.Minor()+MaxKubeletMinorsBehind < cp.Minor() {
+		return field.ErrorList{field.Invalid(path, kubelet, fmt.Sprintf(
+			"must be at most %d minor versions older than the cluster's control plane (%s): raise it to v%d.%d or newer",
+			MaxKubeletMinorsBehind, desired, cp.Major(), max(int(cp.Minor())-MaxKubeletMinorsBehind, 0)))}
+	}
+	return nil
 }
 
 // kindOfRaw reads apiVersion and kind from a provider object.

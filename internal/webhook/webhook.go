@@ -3,8 +3,12 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -83,36 +87,51 @@ type validator[T client.Object] struct {
 	check checkFunc[T]
 }
 
-// ValidateCreate refuses an object with any error.
+// ValidateCreate refuses an object with any error, and one that carries a
+// reserved label when its requester may not set it.
 func (v *validator[T]) ValidateCreate(ctx context.Context, obj T) (admission.Warnings, error) {
 	errs, warnings, err := v.check(ctx, obj)
 	if err != nil {
 		return warnings, apierrors.NewInternalError(err)
 	}
+	if !privileged(ctx) {
+		errs = append(errs, reservedLabelChanges(nil, obj)...)
+	}
 	return warnings, invalid(obj, errs)
 }
 
 // ValidateUpdate refuses an update that brings a new error. An error the
-// stored object already had is not the update's fault: a class deleted since,
-// or a rule added in a newer marina, must not block the controllers' own
-// metadata updates or a user's fix of another field. An object being deleted
-// is never refused, so its finalizers can always come off.
+// stored object already had, at a field whose value the update leaves as it
+// was, is not the update's fault: a class deleted since, or a rule added in
+// a newer marina, must not block the controllers' own metadata updates or a
+// user's fix of another field. A field the update changes is judged afresh,
+// so a bad stored value cannot be swapped for another bad value (a kubelet
+// v1.38 above a v1.37 control plane edited to v1.39). An object being
+// deleted is never refused, so its finalizers can always come off.
 func (v *validator[T]) ValidateUpdate(ctx context.Context, oldObj, newObj T) (admission.Warnings, error) {
 	if newObj.GetDeletionTimestamp() != nil {
 		return nil, nil
+	}
+	var reserved field.ErrorList
+	if !privileged(ctx) {
+		reserved = reservedLabelChanges(oldObj, newObj)
 	}
 	errs, warnings, err := v.check(ctx, newObj)
 	if err != nil {
 		return warnings, apierrors.NewInternalError(err)
 	}
 	if len(errs) == 0 {
-		return warnings, nil
+		return warnings, invalid(newObj, reserved)
 	}
 	oldErrs, _, err := v.check(ctx, oldObj)
 	if err != nil {
 		return warnings, apierrors.NewInternalError(err)
 	}
-	return warnings, invalid(newObj, newErrors(errs, oldErrs))
+	fresh, err := newErrors(errs, oldErrs, oldObj, newObj)
+	if err != nil {
+		return warnings, apierrors.NewInternalError(err)
+	}
+	return warnings, invalid(newObj, append(fresh, reserved...))
 }
 
 // ValidateDelete allows every delete.
@@ -120,21 +139,88 @@ func (v *validator[T]) ValidateDelete(context.Context, T) (admission.Warnings, e
 	return nil, nil
 }
 
-// newErrors are the errors of errs that old does not have (same field, type
-// and message).
-func newErrors(errs, old field.ErrorList) field.ErrorList {
-	type key struct{ field, typ, detail string }
+// newErrors are the errors of errs that the update brings: those old does
+// not have (same field and type), and those at a field whose value differs
+// between oldObj and newObj.
+func newErrors(errs, old field.ErrorList, oldObj, newObj client.Object) (field.ErrorList, error) {
+	type key struct{ field, typ string }
 	had := map[key]bool{}
 	for _, e := range old {
-		had[key{e.Field, string(e.Type), e.Detail}] = true
+		had[key{e.Field, string(e.Type)}] = true
+	}
+	before, err := runtime.DefaultUnstructuredConverter.ToUnstructured(oldObj)
+	if err != nil {
+		return nil, fmt.Errorf("reading the stored object: %w", err)
+	}
+	after, err := runtime.DefaultUnstructuredConverter.ToUnstructured(newObj)
+	if err != nil {
+		return nil, fmt.Errorf("reading the updated object: %w", err)
 	}
 	var out field.ErrorList
 	for _, e := range errs {
-		if !had[key{e.Field, string(e.Type), e.Detail}] {
+		if !had[key{e.Field, string(e.Type)}] || !sameAt(before, after, e.Field) {
 			out = append(out, e)
 		}
 	}
-	return out
+	return out, nil
+}
+
+// sameAt reports whether two objects hold the same value (or both none) at
+// path, a field.Path as errors print it: spec.taints[0].key,
+// spec.labels[example.com/tier]. A path it cannot follow counts as changed.
+func sameAt(a, b map[string]any, path string) bool {
+	va, ok := valueAt(a, path)
+	if !ok {
+		return false
+	}
+	vb, ok := valueAt(b, path)
+	return ok && reflect.DeepEqual(va, vb)
+}
+
+// valueAt follows path through maps and lists; nil when a part is missing,
+// false when path does not parse.
+func valueAt(obj map[string]any, path string) (any, bool) {
+	var cur any = obj
+	for rest := path; rest != ""; {
+		var part string
+		bracket := strings.HasPrefix(rest, "[")
+		if bracket {
+			end := strings.IndexByte(rest, ']')
+			if end < 0 {
+				return nil, false
+			}
+			part, rest = rest[1:end], rest[end+1:]
+		} else {
+			end := strings.IndexAny(rest, ".[")
+			if end < 0 {
+				end = len(rest)
+			}
+			part, rest = rest[:end], rest[end:]
+			if part == "" {
+				return nil, false
+			}
+		}
+		rest = strings.TrimPrefix(rest, ".")
+		switch c := cur.(type) {
+		case map[string]any:
+			cur = c[part]
+		case []any:
+			i, err := strconv.Atoi(part)
+			if !bracket || err != nil {
+				return nil, false
+			}
+			if i < 0 || i >= len(c) {
+				cur = nil
+			} else {
+				cur = c[i]
+			}
+		case nil:
+			return nil, true
+		default:
+			return nil, false
+		}
+	}
+	return cur, true
 }
 
 // invalid is the API's own "is invalid" error, the one kubectl shows for a
@@ -178,7 +264,7 @@ func (c *checker) cluster(ctx context.Context, cl *clusterv1.Cluster) (field.Err
 
 func (c *checker) machine(ctx context.Context, m *clusterv1.Machine) (field.ErrorList, admission.Warnings, error) {
 	errs := validation.Machine(m)
-	more, warnings, err := c.machineSpec(ctx, m.Namespace, &m.Spec, field.NewPath("spec"))
+	more, warnings, err := c.machineSpec(ctx, m.Namespace, &m.Spec, true, field.NewPath("spec"))
 	return append(errs, more...), warnings, err
 }
 
@@ -190,13 +276,13 @@ func (c *checker) machineClass(_ context.Context, mc *clusterv1.MachineClass) (f
 
 func (c *checker) machineSet(ctx context.Context, s *clusterv1.MachineSet) (field.ErrorList, admission.Warnings, error) {
 	errs := validation.MachineSet(s)
-	more, warnings, err := c.machineSpec(ctx, s.Namespace, &s.Spec.Template.Spec, field.NewPath("spec", "template", "spec"))
+	more, warnings, err := c.machineSpec(ctx, s.Namespace, &s.Spec.Template.Spec, false, field.NewPath("spec", "template", "spec"))
 	return append(errs, more...), warnings, err
 }
 
 func (c *checker) machineDeployment(ctx context.Context, d *clusterv1.MachineDeployment) (field.ErrorList, admission.Warnings, error) {
 	errs := validation.MachineDeployment(d)
-	more, warnings, err := c.machineSpec(ctx, d.Namespace, &d.Spec.Template.Spec, field.NewPath("spec", "template", "spec"))
+	more, warnings, err := c.machineSpec(ctx, d.Namespace, &d.Spec.Template.Spec, false, field.NewPath("spec", "template", "spec"))
 	return append(errs, more...), warnings, err
 }
 

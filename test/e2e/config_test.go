@@ -59,6 +59,27 @@ func TestConfigDefault(t *testing.T) {
 			}
 		}
 	})
+	t.Run("the tenancy policy type-checks against every kind it matches", func(t *testing.T) {
+		// kube-controller-manager checks a policy's expressions against the
+		// schema of each kind it matches (marina init's post-condition reads
+		// the result): a field only some kinds have must be read through a
+		// variable, or the policy carries a warning.
+		testenv.StartControllerManager(t, env, []string{"validatingadmissionpolicy-status-controller"})
+		testenv.Eventually(t, 60*time.Second, "the tenancy policy to be type-checked without warnings", func() error {
+			policy := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			if err := env.Client.Get(context.Background(), types.NamespacedName{Name: "marina-tenant-machines"}, policy); err != nil {
+				return err
+			}
+			tc := policy.Status.TypeChecking
+			switch {
+			case tc == nil || policy.Status.ObservedGeneration != policy.Generation:
+				return fmt.Errorf("not checked yet")
+			case len(tc.ExpressionWarnings) > 0:
+				t.Fatalf("type-checking warnings: %+v", tc.ExpressionWarnings)
+			}
+			return nil
+		})
+	})
 	t.Run("the controller manages its webhook's certificate", func(t *testing.T) {
 		testWebhookCert(t, env)
 	})
@@ -108,6 +129,26 @@ func testTenancy(t *testing.T, kubectl func(stdin string, args ...string) (strin
 	if out, err := kubectl(classless, "--as=bob", "--as-group=marina:admins", "create", "-f", "-"); err != nil {
 		t.Errorf("an administrator's class-less machine was refused: %v\n%s", err, out)
 	}
+	// Issue 24: only marina's own service account is exempt, not every
+	// workload that runs in marina-system.
+	intruder := machineYAML("intruder", "Worker", `providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}`)
+	if out, err := kubectl(intruder, "--as=system:serviceaccount:marina-system:other", "--as-group=tenants", "create", "-f", "-"); err == nil ||
+		!strings.Contains(out, "only marina administrators may describe a machine without a MachineClass") {
+		t.Errorf("another service account of marina-system made a class-less machine: err %v\n%s", err, out)
+	}
+	// Issue 24: a tenant's control plane comes from a class, as its
+	// machines do.
+	classless = clusterYAML("classless", `providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}`)
+	if out, err := kubectl(classless, tenant...); err == nil || !strings.Contains(out, "only marina administrators may describe a control plane without a MachineClass") {
+		t.Errorf("a tenant's Cluster without a class: err %v\n%s", err, out)
+	}
+	if out, err := kubectl(clusterYAML("from-class", `classRef: {name: small}`), tenant...); err != nil {
+		t.Errorf("a tenant's Cluster from a class was refused: %v\n%s", err, out)
+	}
+	controller := machineYAML("by-controller", "Worker", `providerSpec: {apiVersion: local.marina.dev/v1alpha1, kind: LocalMachine, spec: {cpu: 2, memory: 4Gi}}`)
+	if out, err := kubectl(controller, "--as=system:serviceaccount:marina-system:marina-controller", "--as-group=tenants", "create", "-f", "-"); err != nil {
+		t.Errorf("marina's controller was refused a class-less machine: %v\n%s", err, out)
+	}
 }
 
 const tenantSetup = `
@@ -116,7 +157,7 @@ kind: ClusterRole
 metadata: {name: tenant-machines}
 rules:
 - apiGroups: [cluster.marina.dev]
-  resources: [machines]
+  resources: [machines, clusters]
   verbs: [create, get, list]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
@@ -148,6 +189,17 @@ spec:
   versions: %s
   %s
 `, name, role, versions, provider)
+}
+
+func clusterYAML(name, provider string) string {
+	return fmt.Sprintf(`apiVersion: cluster.marina.dev/v1alpha1
+kind: Cluster
+metadata: {name: %s, namespace: default}
+spec:
+  controlPlane:
+    version: v1.37.2
+    %s
+`, name, provider)
 }
 
 // testWebhookCert: `marina controller` gives its webhook a certificate of
