@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/manifest"
 )
 
 // flag is one --name=value of a component.
@@ -53,8 +53,8 @@ func withExtraArgs(flags []flag, extra map[string]string) []string {
 	return args
 }
 
-func (in *input) manifest(name, version string, flags []flag, extra map[string]string) *components.Manifest {
-	return &components.Manifest{
+func (in *input) manifest(name, version string, flags []flag, extra map[string]string) *manifest.Manifest {
+	return &manifest.Manifest{
 		Version: version,
 		Binary:  filepath.Join(in.BinDir, name+"-"+version),
 		Args:    withExtraArgs(flags, extra),

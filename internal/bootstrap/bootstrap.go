@@ -17,7 +17,7 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
 	"marina.dev/marina/internal/files"
-	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/ownedflags"
 	"marina.dev/marina/tools"
 )
@@ -212,7 +212,7 @@ type Bundle struct {
 	// data (File's String hides it).
 	Files map[string]File
 	// Manifests are the components to run, by name.
-	Manifests map[string]*components.Manifest
+	Manifests map[string]*manifest.Manifest
 }
 
 // File is one file of a bundle. Data may be a private key: it is a secret
@@ -251,7 +251,7 @@ func ControlPlane(m *Machine, now time.Time) (*Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Bundle{Dir: m.Dir, Files: map[string]File{}, Manifests: map[string]*components.Manifest{}}
+	b := &Bundle{Dir: m.Dir, Files: map[string]File{}, Manifests: map[string]*manifest.Manifest{}}
 	if err := in.certificates(b, now); err != nil {
 		return nil, err
 	}
@@ -535,14 +535,14 @@ func (b *Bundle) Write() error {
 	}
 	for _, name := range componentNames {
 		if m, ok := b.Manifests[name]; ok {
-			if err := components.WriteManifest(b.Dir, name, m); err != nil {
+			if err := manifest.Write(b.Dir, name, m); err != nil {
 				return err
 			}
 		}
 	}
 	for _, name := range componentNames {
 		if _, ok := b.Manifests[name]; !ok {
-			if err := components.RemoveManifest(b.Dir, name); err != nil {
+			if err := manifest.Remove(b.Dir, name); err != nil {
 				return err
 			}
 		}

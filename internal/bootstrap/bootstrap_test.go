@@ -18,7 +18,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstrap"
-	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/ownedflags"
 	"marina.dev/marina/internal/pki"
 	"marina.dev/marina/tools"
@@ -465,7 +465,7 @@ func TestNoKeyMaterialInArgumentsAndPrivateFilesOnDisk(t *testing.T) {
 		}
 	}
 	for name := range b.Manifests {
-		if _, err := os.Stat(components.ManifestPath(m.Dir, name)); err != nil {
+		if _, err := os.Stat(manifest.Path(m.Dir, name)); err != nil {
 			t.Errorf("manifest of %s not written: %v", name, err)
 		}
 	}
@@ -483,7 +483,7 @@ func TestWriteRemovesTheManifestOfAComponentTheBundleLacks(t *testing.T) {
 	if err := mustBundle(t, m).Write(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(components.ManifestPath(m.Dir, bootstrap.Etcd)); !os.IsNotExist(err) {
+	if _, err := os.Stat(manifest.Path(m.Dir, bootstrap.Etcd)); !os.IsNotExist(err) {
 		t.Errorf("the etcd manifest is still there after writing a bundle without etcd (%v)", err)
 	}
 }

@@ -31,6 +31,7 @@ import (
 	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/clusterpki"
 	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/nodeagent/components"
 	"marina.dev/marina/internal/pki"
 	"marina.dev/marina/internal/testenv"
@@ -201,7 +202,7 @@ func supervise(t *testing.T, dir string) (sup *components.Supervisor, stop func(
 		stop()
 		if t.Failed() {
 			for _, st := range sup.Status() {
-				t.Logf("last lines of %s's log in %s:\n%s", st.Name, dir, files.Tail(components.LogPath(dir, st.Name), 15))
+				t.Logf("last lines of %s's log in %s:\n%s", st.Name, dir, files.Tail(manifest.LogPath(dir, st.Name), 15))
 			}
 		}
 	})

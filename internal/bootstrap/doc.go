@@ -1,7 +1,7 @@
 // Package bootstrap decides what a control-plane machine runs: given a
 // cluster's key material and one machine's facts, ControlPlane returns every
 // file the machine needs (certificates, keys, kubeconfigs) and one
-// components.Manifest per component (etcd when stacked, kube-apiserver,
+// manifest.Manifest per component (etcd when stacked, kube-apiserver,
 // kube-controller-manager, kube-scheduler), and Bundle.Write puts them in the
 // machine's sandbox, where the node agent's supervisor runs them.
 //

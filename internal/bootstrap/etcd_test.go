@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"marina.dev/marina/internal/bootstrap"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/nodeagent/components"
 	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/tools"
@@ -75,7 +76,7 @@ func TestStackedEtcdMembersFormAClusterAndAThirdJoins(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, name := range []string{bootstrap.APIServer, bootstrap.ControllerManager, bootstrap.Scheduler} {
-			if err := components.RemoveManifest(m.Dir, name); err != nil {
+			if err := manifest.Remove(m.Dir, name); err != nil {
 				t.Fatal(err)
 			}
 		}

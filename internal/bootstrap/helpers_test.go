@@ -15,7 +15,7 @@ import (
 
 	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/clusterpki"
-	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/pki"
 )
 
@@ -102,7 +102,7 @@ func cert(t testing.TB, b *bootstrap.Bundle, path string) *x509.Certificate {
 
 // flags returns a manifest's arguments as name → values, every value of a
 // repeated flag kept.
-func flags(t testing.TB, m *components.Manifest) map[string][]string {
+func flags(t testing.TB, m *manifest.Manifest) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
 	for _, a := range m.Args {
@@ -117,7 +117,7 @@ func flags(t testing.TB, m *components.Manifest) map[string][]string {
 
 // flag returns the one value of flag name, failing the test when it is
 // missing or repeated.
-func flag(t testing.TB, m *components.Manifest, name string) string {
+func flag(t testing.TB, m *manifest.Manifest, name string) string {
 	t.Helper()
 	v := flags(t, m)[name]
 	if len(v) != 1 {

@@ -18,6 +18,7 @@ import (
 	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/clusterpki"
 	"marina.dev/marina/internal/etcdadmin"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/nodeagent/components"
 	"marina.dev/marina/internal/pki"
 	"marina.dev/marina/internal/testenv"
@@ -103,7 +104,7 @@ func startEtcd(t *testing.T) *etcdadmin.Client {
 		t.Fatal(err)
 	}
 	for _, name := range []string{bootstrap.APIServer, bootstrap.ControllerManager, bootstrap.Scheduler} {
-		if err := components.RemoveManifest(m.Dir, name); err != nil {
+		if err := manifest.Remove(m.Dir, name); err != nil {
 			t.Fatal(err)
 		}
 	}

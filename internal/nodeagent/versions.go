@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"marina.dev/marina/internal/bootstrap"
-	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
@@ -91,7 +91,7 @@ func (cp *controlPlane) setVersions(v sandbox.Versions) error {
 		if reflect.DeepEqual(old.Manifests[name], man) {
 			continue
 		}
-		if err := components.WriteManifest(m.Dir, name, man); err != nil {
+		if err := manifest.Write(m.Dir, name, man); err != nil {
 			return err
 		}
 		cp.log.Info("Component moves to another version", "component", name, "version", man.Version)

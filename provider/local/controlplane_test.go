@@ -29,6 +29,7 @@ import (
 	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/clusterpki"
 	"marina.dev/marina/internal/etcdadmin"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/nodeagent/components"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/internal/pki"
@@ -425,7 +426,7 @@ func processesMentioning(dir string) []int {
 // a private key.
 func checkNoKeysLogged(t *testing.T, dir string) {
 	t.Helper()
-	logs, _ := filepath.Glob(filepath.Join(dir, components.LogsDir, "*"))
+	logs, _ := filepath.Glob(filepath.Join(dir, manifest.LogsDir, "*"))
 	for _, f := range append([]string{filepath.Join(dir, sandbox.LogFile)}, logs...) {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -445,7 +446,7 @@ func dumpOnFailure(t *testing.T, dir string) {
 		if !t.Failed() {
 			return
 		}
-		logs, _ := filepath.Glob(filepath.Join(dir, components.LogsDir, "*"))
+		logs, _ := filepath.Glob(filepath.Join(dir, manifest.LogsDir, "*"))
 		for _, f := range append([]string{filepath.Join(dir, sandbox.LogFile)}, logs...) {
 			data, err := os.ReadFile(f)
 			if err != nil {

@@ -8,7 +8,7 @@
 //
 // Layout, under the sandbox directory:
 //
-//	manifests/<component>.json  a Manifest, written by marina (WriteManifest)
+//	manifests/<component>.json  a manifest.Manifest, written by marina (manifest.Write)
 //	logs/<component>.log        the component's output (0600)
 //	status/<component>.json     a Status, written by the Supervisor
 //

@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/testenv"
 )
 
@@ -157,9 +158,9 @@ func supervise(t *testing.T, opts Options) *harness {
 	return h
 }
 
-func (h *harness) write(name string, m *Manifest) {
+func (h *harness) write(name string, m *manifest.Manifest) {
 	h.t.Helper()
-	if err := WriteManifest(h.dir, name, m); err != nil {
+	if err := manifest.Write(h.dir, name, m); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -240,13 +241,13 @@ func waitGone(t *testing.T, what string, ps ...proc) {
 
 // sleeper is a component that runs until it is signalled. tag tells its
 // manifests apart (it is the shell's $0) without changing what runs.
-func sleeper(version, tag string) *Manifest {
-	return &Manifest{Version: version, Binary: "/bin/sh", Args: []string{"-c", "exec sleep 300", tag}}
+func sleeper(version, tag string) *manifest.Manifest {
+	return &manifest.Manifest{Version: version, Binary: "/bin/sh", Args: []string{"-c", "exec sleep 300", tag}}
 }
 
 // stubborn is a sleeper that ignores SIGTERM.
-func stubborn(version string) *Manifest {
-	return &Manifest{Version: version, Binary: "/bin/sh", Args: []string{"-c", "trap '' TERM; exec sleep 300"}}
+func stubborn(version string) *manifest.Manifest {
+	return &manifest.Manifest{Version: version, Binary: "/bin/sh", Args: []string{"-c", "trap '' TERM; exec sleep 300"}}
 }
 
 func notExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"marina.dev/marina/internal/manifest"
 )
 
 // State is what a component is doing.
@@ -78,20 +80,20 @@ func (e *Exit) RanFor() time.Duration { return e.At.Sub(e.Started) }
 // wraps fs.ErrNotExist when there is none (no manifest, or no Supervisor
 // has run yet).
 func ReadStatus(dir, name string) (*Status, error) {
-	data, err := os.ReadFile(StatusPath(dir, name))
+	data, err := os.ReadFile(manifest.StatusPath(dir, name))
 	if err != nil {
 		return nil, fmt.Errorf("reading the status of component %s: %w", name, err)
 	}
 	var s Status
 	if err := json.Unmarshal(data, &s); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", StatusPath(dir, name), err)
+		return nil, fmt.Errorf("decoding %s: %w", manifest.StatusPath(dir, name), err)
 	}
 	return &s, nil
 }
 
 // ReadStatuses reads every component status in sandbox dir, by name.
 func ReadStatuses(dir string) ([]Status, error) {
-	entries, err := os.ReadDir(filepath.Join(dir, StatusDir))
+	entries, err := os.ReadDir(filepath.Join(dir, manifest.StatusDir))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -101,7 +103,7 @@ func ReadStatuses(dir string) ([]Status, error) {
 	var out []Status
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || ValidName(name) != nil {
+		if !ok || manifest.ValidName(name) != nil {
 			continue
 		}
 		s, err := ReadStatus(dir, name)

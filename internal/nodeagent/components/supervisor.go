@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/process"
 )
 
@@ -81,7 +82,7 @@ type component struct {
 	name string
 	// applied is the manifest the current (or last) process was started
 	// from, appliedKey its canonical form; nil until a valid one is seen.
-	applied     *Manifest
+	applied     *manifest.Manifest
 	appliedKey  string
 	child       *process.Child
 	started     time.Time
@@ -119,13 +120,13 @@ func (s *Supervisor) Status() []Status {
 // takes the components down with it. Run may be called once.
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.log = klog.FromContext(ctx).WithName("components")
-	for _, d := range []string{ManifestsDir, LogsDir, StatusDir} {
+	for _, d := range []string{manifest.Dir, manifest.LogsDir, manifest.StatusDir} {
 		if err := os.MkdirAll(filepath.Join(s.dir, d), 0o700); err != nil {
 			return fmt.Errorf("preparing the components' directories: %w", err)
 		}
 	}
 	// Statuses left by a previous agent describe processes that are gone.
-	stale, _ := filepath.Glob(filepath.Join(s.dir, StatusDir, "*.json"))
+	stale, _ := filepath.Glob(filepath.Join(s.dir, manifest.StatusDir, "*.json"))
 	for _, f := range stale {
 		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("removing a stale component status: %w", err)
@@ -172,7 +173,7 @@ func (s *Supervisor) nextWake(now time.Time) time.Duration {
 
 // sync reads the manifests and brings every component towards its own.
 func (s *Supervisor) sync(now time.Time) {
-	manifests, badNames, err := readManifests(s.dir)
+	manifests, badNames, err := manifest.Read(s.dir)
 	if err != nil {
 		s.log.Error(err, "Reading component manifests failed, leaving the components as they are")
 		return
@@ -180,7 +181,7 @@ func (s *Supervisor) sync(now time.Time) {
 	for _, n := range badNames {
 		if !s.badNames[n] {
 			s.badNames[n] = true
-			s.log.Error(ValidName(strings.TrimSuffix(n, ".json")), "Ignoring a manifest file whose name is not a component name", "file", n)
+			s.log.Error(manifest.ValidName(strings.TrimSuffix(n, ".json")), "Ignoring a manifest file whose name is not a component name", "file", n)
 		}
 	}
 	for name := range manifests {
@@ -215,12 +216,12 @@ func (s *Supervisor) removed(c *component) bool {
 // the component when nothing runs and its backoff has passed, and stops it
 // when the manifest changed (the exit then starts the new one). An invalid
 // manifest is reported and otherwise ignored.
-func (s *Supervisor) reconcile(c *component, mf manifestFile, now time.Time) {
-	desired, key := mf.manifest, mf.key
-	if mf.err != nil {
-		if msg := mf.err.Error(); c.manifestErr != msg {
+func (s *Supervisor) reconcile(c *component, mf manifest.File, now time.Time) {
+	desired, key := mf.Manifest, mf.Key
+	if mf.Err != nil {
+		if msg := mf.Err.Error(); c.manifestErr != msg {
 			c.manifestErr = msg
-			s.log.Error(mf.err, "Invalid component manifest, leaving the component as it is", "component", c.name, "manifest", ManifestPath(s.dir, c.name))
+			s.log.Error(mf.Err, "Invalid component manifest, leaving the component as it is", "component", c.name, "manifest", manifest.Path(s.dir, c.name))
 		}
 		desired, key = c.applied, c.appliedKey
 	} else if c.manifestErr != "" {
@@ -254,10 +255,10 @@ func (s *Supervisor) start(c *component, now time.Time) {
 		Version: m.Version,
 		Binary:  m.Binary,
 		Args:    m.Args,
-		Env:     m.environ(),
+		Env:     m.Environ(),
 		// Relative paths in a manifest are relative to the sandbox.
 		Dir:     s.dir,
-		LogPath: LogPath(s.dir, c.name),
+		LogPath: manifest.LogPath(s.dir, c.name),
 	})
 	if err != nil {
 		c.failures++
@@ -396,7 +397,7 @@ func (s *Supervisor) publish() {
 		if _, ok := statuses[name]; ok {
 			continue
 		}
-		if err := os.Remove(StatusPath(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := os.Remove(manifest.StatusPath(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			s.log.Error(err, "Removing a component status failed", "component", name)
 			continue
 		}
@@ -432,7 +433,7 @@ func (s *Supervisor) write(statuses map[string]Status) {
 			continue
 		}
 		// No secret in a status: 0644, readable by whoever monitors the host.
-		if err := files.WriteAtomic(StatusPath(s.dir, name), append(data, '\n'), 0o644); err != nil {
+		if err := files.WriteAtomic(manifest.StatusPath(s.dir, name), append(data, '\n'), 0o644); err != nil {
 			s.log.Error(err, "Writing a component status failed", "component", name)
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/testenv"
 )
 
@@ -79,11 +80,11 @@ func TestKilledComponentIsRestartedAfterABackoff(t *testing.T) {
 		t.Errorf("Status() = %+v, want the status file's %+v", got, st)
 	}
 	h.stop()
-	componentLog, err := os.ReadFile(LogPath(h.dir, "etcd"))
+	componentLog, err := os.ReadFile(manifest.LogPath(h.dir, "etcd"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi, err := os.Stat(LogPath(h.dir, "etcd")); err != nil || fi.Mode().Perm() != 0o600 {
+	if fi, err := os.Stat(manifest.LogPath(h.dir, "etcd")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("component log mode: %v %v, want 0600", fi.Mode(), err)
 	}
 	supervisorLog := h.log.String()
@@ -105,7 +106,7 @@ func TestKilledComponentIsRestartedAfterABackoff(t *testing.T) {
 func TestCrashingComponentBacksOffExponentially(t *testing.T) {
 	t.Parallel()
 	h := supervise(t, Options{})
-	h.write("kube-scheduler", &Manifest{Version: "v1.37.2", Binary: "/bin/sh", Args: []string{"-c", "echo no kubeconfig >&2; exit 3"}})
+	h.write("kube-scheduler", &manifest.Manifest{Version: "v1.37.2", Binary: "/bin/sh", Args: []string{"-c", "echo no kubeconfig >&2; exit 3"}})
 	// Failures 1, 2 and 3: restarted after 1 s and 2 s, then waiting 4 s.
 	st := h.waitFor("kube-scheduler", "third failure", func(s *Status) error {
 		if s.State != BackOff || s.Restarts < 2 {
@@ -119,7 +120,7 @@ func TestCrashingComponentBacksOffExponentially(t *testing.T) {
 	if got := st.NextStart.Sub(st.LastExit.At); got != 4*time.Second {
 		t.Errorf("after the third failure the next start is %s after the exit, want 4s", got)
 	}
-	if data, _ := os.ReadFile(LogPath(h.dir, "kube-scheduler")); strings.Count(string(data), "no kubeconfig") != 3 {
+	if data, _ := os.ReadFile(manifest.LogPath(h.dir, "kube-scheduler")); strings.Count(string(data), "no kubeconfig") != 3 {
 		t.Errorf("component log:\n%s", data)
 	}
 }
@@ -145,10 +146,10 @@ func TestChangedManifestRestartsOnlyThatComponent(t *testing.T) {
 	// etcd's first and then changing the scheduler's makes sure that a poll
 	// saw etcd's rewrite before the scheduler restarts.
 	raw := `{"binary": "/bin/sh", "version": "v1.36.3", "args": ["-c", "exec sleep 300", "etcd"], "env": {}}`
-	if err := files.WriteAtomic(ManifestPath(h.dir, "etcd"), []byte(raw), 0o600); err != nil {
+	if err := files.WriteAtomic(manifest.Path(h.dir, "etcd"), []byte(raw), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h.write("kube-scheduler", &Manifest{Version: "v1.36.3", Binary: "/bin/sh", Args: []string{"-c", "exec sleep 300", "kube-scheduler"}, Env: map[string]string{"GOGC": "50"}})
+	h.write("kube-scheduler", &manifest.Manifest{Version: "v1.36.3", Binary: "/bin/sh", Args: []string{"-c", "exec sleep 300", "kube-scheduler"}, Env: map[string]string{"GOGC": "50"}})
 	h.waitRunning("kube-scheduler", sched.PID)
 	waitGone(t, "the old kube-scheduler ended", schedProc)
 
@@ -166,7 +167,7 @@ func TestRemovedManifestStopsTheComponentAndANewOneStarts(t *testing.T) {
 	h.write("kube-scheduler", sleeper("v1.37.2", "kube-scheduler"))
 	h.waitRunning("kube-scheduler")
 
-	if err := RemoveManifest(h.dir, "etcd"); err != nil {
+	if err := manifest.Remove(h.dir, "etcd"); err != nil {
 		t.Fatal(err)
 	}
 	waitGone(t, "etcd stopped", etcdProc)
@@ -203,7 +204,7 @@ func TestInvalidManifestLeavesTheComponentAsItIs(t *testing.T) {
 		{`{"version": "v1.37.3", "binary": "bin/kube-controller-manager"}`, "not an absolute path"},
 		{`{"binary": "/bin/sh"}`, "version is empty"},
 	} {
-		if err := files.WriteAtomic(ManifestPath(h.dir, "kube-controller-manager"), []byte(tc.content), 0o600); err != nil {
+		if err := files.WriteAtomic(manifest.Path(h.dir, "kube-controller-manager"), []byte(tc.content), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		bad := h.waitFor("kube-controller-manager", "manifest error reported", func(s *Status) error {
@@ -233,7 +234,7 @@ func TestInvalidManifestLeavesTheComponentAsItIs(t *testing.T) {
 	}
 
 	// A new component whose first manifest is invalid never starts.
-	if err := files.WriteAtomic(ManifestPath(h.dir, "kube-scheduler"), []byte(`not json`), 0o600); err != nil {
+	if err := files.WriteAtomic(manifest.Path(h.dir, "kube-scheduler"), []byte(`not json`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	never := h.waitFor("kube-scheduler", "manifest error reported", func(s *Status) error {
@@ -250,7 +251,7 @@ func TestInvalidManifestLeavesTheComponentAsItIs(t *testing.T) {
 func TestComponentThatCannotStartBacksOffUntilItsManifestIsFixed(t *testing.T) {
 	t.Parallel()
 	h := supervise(t, Options{})
-	h.write("kube-apiserver", &Manifest{Version: "v1.99.0", Binary: "/nonexistent/kube-apiserver-v1.99.0"})
+	h.write("kube-apiserver", &manifest.Manifest{Version: "v1.99.0", Binary: "/nonexistent/kube-apiserver-v1.99.0"})
 	st := h.waitFor("kube-apiserver", "start failure reported", func(s *Status) error {
 		if s.State != BackOff || !strings.Contains(s.StartError, "/nonexistent/kube-apiserver-v1.99.0") {
 			return fmt.Errorf("state %s, start error %q", s.State, s.StartError)
@@ -306,11 +307,11 @@ func TestKilledSupervisorTakesItsComponentsDown(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	for _, name := range []string{"etcd", "kube-apiserver"} {
-		if err := WriteManifest(dir, name, sleeper("v1.37.2", name)); err != nil {
+		if err := manifest.Write(dir, name, sleeper("v1.37.2", name)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := WriteManifest(dir, "kube-scheduler", stubborn("v1.37.2")); err != nil {
+	if err := manifest.Write(dir, "kube-scheduler", stubborn("v1.37.2")); err != nil {
 		t.Fatal(err)
 	}
 	agent := exec.Command(os.Args[0], "-test.run=^$")

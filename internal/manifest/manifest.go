@@ -1,4 +1,10 @@
-package components
+// Package manifest is the format of a component manifest on a machine: the
+// desired state of one process (etcd, kube-apiserver, ...) in a sandbox
+// directory. The control-plane bootstrap (internal/bootstrap) writes
+// manifests and the node agent's supervisor (internal/nodeagent/components)
+// runs them; this package sits below both, so neither imports the other for
+// it (issue 22).
+package manifest
 
 import (
 	"bytes"
@@ -15,10 +21,10 @@ import (
 	"marina.dev/marina/internal/files"
 )
 
-// Directories of a sandbox that the Supervisor uses.
+// Directories of a sandbox that manifests, logs and statuses live in.
 const (
-	// ManifestsDir holds one Manifest per component, <component>.json.
-	ManifestsDir = "manifests"
+	// Dir holds one Manifest per component, <component>.json.
+	Dir = "manifests"
 	// LogsDir receives each component's output, <component>.log.
 	LogsDir = "logs"
 	// StatusDir holds one Status per component, <component>.json.
@@ -69,9 +75,9 @@ func (m *Manifest) Validate() error {
 	return errors.Join(errs...)
 }
 
-// environ is m.Env as KEY=value entries, sorted so that the same manifest
+// Environ is m.Env as KEY=value entries, sorted so that the same manifest
 // always gives the same environment.
-func (m *Manifest) environ() []string {
+func (m *Manifest) Environ() []string {
 	env := make([]string, 0, len(m.Env))
 	for k, v := range m.Env {
 		env = append(env, k+"="+v)
@@ -80,9 +86,9 @@ func (m *Manifest) environ() []string {
 	return env
 }
 
-// ManifestPath is where the manifest of component name lives in sandbox dir.
-func ManifestPath(dir, name string) string {
-	return filepath.Join(dir, ManifestsDir, name+".json")
+// Path is where the manifest of component name lives in sandbox dir.
+func Path(dir, name string) string {
+	return filepath.Join(dir, Dir, name+".json")
 }
 
 // LogPath is where the output of component name goes in sandbox dir.
@@ -91,10 +97,10 @@ func LogPath(dir, name string) string { return filepath.Join(dir, LogsDir, name+
 // StatusPath is where the status of component name lives in sandbox dir.
 func StatusPath(dir, name string) string { return filepath.Join(dir, StatusDir, name+".json") }
 
-// WriteManifest writes the manifest of component name into sandbox dir
+// Write writes the manifest of component name into sandbox dir
 // atomically (a running Supervisor sees the old manifest or the new one,
 // never a part), readable by its owner only.
-func WriteManifest(dir, name string, m *Manifest) error {
+func Write(dir, name string, m *Manifest) error {
 	if err := ValidName(name); err != nil {
 		return err
 	}
@@ -105,67 +111,70 @@ func WriteManifest(dir, name string, m *Manifest) error {
 	if err != nil {
 		return fmt.Errorf("encoding the manifest of %s: %w", name, err)
 	}
-	if err := os.MkdirAll(filepath.Join(dir, ManifestsDir), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, Dir), 0o700); err != nil {
 		return fmt.Errorf("writing the manifest of %s: %w", name, err)
 	}
-	return files.WriteAtomic(ManifestPath(dir, name), append(data, '\n'), 0o600)
+	return files.WriteAtomic(Path(dir, name), append(data, '\n'), 0o600)
 }
 
-// RemoveManifest removes the manifest of component name from sandbox dir:
+// Remove removes the manifest of component name from sandbox dir:
 // a running Supervisor stops the component. Removing a missing manifest is
 // not an error.
-func RemoveManifest(dir, name string) error {
+func Remove(dir, name string) error {
 	if err := ValidName(name); err != nil {
 		return err
 	}
-	if err := os.Remove(ManifestPath(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(Path(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing the manifest of %s: %w", name, err)
 	}
-	return files.SyncDir(filepath.Join(dir, ManifestsDir))
+	return files.SyncDir(filepath.Join(dir, Dir))
 }
 
-// manifestFile is one manifest as read from disk.
-type manifestFile struct {
-	manifest *Manifest
-	key      string // canonical encoding: equal keys, same desired state
-	err      error  // why the file cannot be used
+// File is one manifest as read from disk.
+type File struct {
+	// Manifest is nil when Err is set.
+	Manifest *Manifest
+	// Key is the canonical encoding: equal keys, same desired state.
+	Key string
+	// Err says why the file cannot be used.
+	Err error
 }
 
-// decodeManifest parses and checks one manifest file. Unknown fields are
+// decode parses and checks one manifest file. Unknown fields are
 // errors: a misspelt field would otherwise silently run the wrong thing.
-func decodeManifest(data []byte) manifestFile {
+func decode(data []byte) File {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var m Manifest
 	if err := dec.Decode(&m); err != nil {
-		return manifestFile{err: fmt.Errorf("decoding: %w", err)}
+		return File{Err: fmt.Errorf("decoding: %w", err)}
 	}
 	if dec.More() {
-		return manifestFile{err: errors.New("decoding: data after the manifest")}
+		return File{Err: errors.New("decoding: data after the manifest")}
 	}
 	if err := m.Validate(); err != nil {
-		return manifestFile{err: err}
+		return File{Err: err}
 	}
 	key, err := json.Marshal(&m) // map keys sorted: a canonical form
 	if err != nil {
-		return manifestFile{err: err}
+		return File{Err: err}
 	}
-	return manifestFile{manifest: &m, key: string(key)}
+	return File{Manifest: &m, Key: string(key)}
 }
 
-// readManifests reads every <component>.json in dir/manifests. Files with
+// Read reads every <component>.json in dir/manifests. Files with
 // other names (the temporary files of WriteAtomic among them) are not
 // manifests; names that are not valid component names are returned in
 // badNames. A missing directory holds no manifests.
-func readManifests(dir string) (manifests map[string]manifestFile, badNames []string, err error) {
-	entries, err := os.ReadDir(filepath.Join(dir, ManifestsDir))
+func Read(dir string) (manifests map[string]File, badNames []string, err error) {
+	entries, err := os.ReadDir(filepath.Join(dir, Dir))
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[string]manifestFile{}, nil, nil
+		return map[string]File{}, nil, nil
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the manifests directory: %w", err)
 	}
-	manifests = map[string]manifestFile{}
+	manifests = map[string]File{}
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok || strings.HasPrefix(e.Name(), ".") || e.IsDir() {
@@ -175,15 +184,15 @@ func readManifests(dir string) (manifests map[string]manifestFile, badNames []st
 			badNames = append(badNames, e.Name())
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(dir, ManifestsDir, e.Name()))
+		data, err := os.ReadFile(filepath.Join(dir, Dir, e.Name()))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // removed since ReadDir
 		}
 		if err != nil {
-			manifests[name] = manifestFile{err: err}
+			manifests[name] = File{Err: err}
 			continue
 		}
-		manifests[name] = decodeManifest(data)
+		manifests[name] = decode(data)
 	}
 	return manifests, badNames, nil
 }
