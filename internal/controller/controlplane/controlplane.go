@@ -26,6 +26,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
+	"marina.dev/marina/internal/upgrade"
 )
 
 // ControlPlane reconciles the control planes of Clusters.
@@ -44,6 +45,9 @@ type ControlPlane struct {
 	// Probe, if set, replaces the probes of the machines' components
 	// (probeMachines) in tests.
 	Probe func(ctx context.Context, set *clusterpki.Set, machines []clusterv1.Machine) map[string]string
+	// Now, if set, replaces time.Now in tests (how long a machine has been
+	// deleted).
+	Now func() time.Time
 }
 
 // Result says what the step did, for the cluster controller's conditions.
@@ -83,7 +87,11 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 	if err := cp.recordMembers(ctx, machines, etcd); err != nil {
 		return nil, err
 	}
-	facts := factsOf(cluster, machines, etcd, time.Now())
+	now := time.Now
+	if cp.Now != nil {
+		now = cp.Now
+	}
+	facts := factsOf(cluster, machines, etcd, now())
 	if !facts.Initialized && len(machines) > 0 {
 		facts.Initialized = endpointReady(ctx, cluster, set)
 	}
@@ -109,6 +117,12 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 			setReadyCondition(cluster, step)
 			return &Result{Step: step, Machines: machines, RequeueAfter: upgradeRecheck}, err
 		}
+		if upgrading && step.Action == Delete && surge(cluster, facts) {
+			// A stopped Replace upgrade keeps the machine it added (the
+			// halt says what to do with it): deleting it here would only
+			// have the next try add another.
+			step = Step{Action: Wait, Reason: "the stopped Replace upgrade keeps the control-plane machine it added: " + conditionMessage(cluster, clusterv1.ClusterUpgradeProgressingCondition)}
+		}
 	}
 	switch step.Action {
 	case Create:
@@ -129,6 +143,18 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 	}
 	setReadyCondition(cluster, step)
 	return &Result{Step: step, Machines: machines}, err
+}
+
+// surge: a Replace upgrade's one machine more than spec.controlPlane.replicas.
+func surge(cluster *clusterv1.Cluster, f Facts) bool {
+	return cluster.Spec.ControlPlane.UpgradeStrategy.Type == clusterv1.ControlPlaneUpgradeStrategyType(upgrade.Replace) && len(f.Machines) == f.Replicas+1
+}
+
+func conditionMessage(cluster *clusterv1.Cluster, t string) string {
+	if c := meta.FindStatusCondition(cluster.Status.Conditions, t); c != nil {
+		return c.Message
+	}
+	return ""
 }
 
 // upgradeStopped: the upgrade takes no step until the user acts: halted

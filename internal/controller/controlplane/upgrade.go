@@ -166,6 +166,12 @@ func begin(cluster *clusterv1.Cluster, in upgrade.Input, machines []clusterv1.Ma
 		st.CompletedAt = nil // a component fell behind again after it was done: resume
 		return st
 	}
+	// A machine this upgrade added (a crash lost the status that said the
+	// upgrade began) runs the new version, and may never report it.
+	machines = slices.DeleteFunc(slices.Clone(machines), func(m clusterv1.Machine) bool {
+		rec := recordedStep(&m)
+		return rec != nil && rec.Action == string(upgrade.AddMachine) && rec.To == in.Version
+	})
 	from, all := OldestAPIServer(machines)
 	if st != nil && st.CompletedAt == nil && st.From != "" {
 		from, all = st.From, true // the target changed mid-way (a rollback's fix)
