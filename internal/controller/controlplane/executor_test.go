@@ -68,7 +68,9 @@ type fakeEtcd struct {
 	removed []uint64
 }
 
-func (f *fakeEtcd) dial(context.Context, []string, []byte, []byte, []byte) (Etcd, error) { return f, nil }
+func (f *fakeEtcd) dial(context.Context, []string, []byte, []byte, []byte) (Etcd, error) {
+	return f, nil
+}
 
 func (f *fakeEtcd) Members(context.Context) ([]EtcdMember, error) {
 	f.mu.Lock()
@@ -172,7 +174,7 @@ func (w *world) machine(name, ip string, version string) *clusterv1.Machine {
 		},
 		Spec: clusterv1.MachineSpec{ClusterName: w.cluster.Name, Roles: []clusterv1.MachineRole{clusterv1.ControlPlaneRole},
 			ProviderSpec: w.cluster.Spec.ControlPlane.ProviderSpec.DeepCopy(),
-			Versions: clusterv1.MachineVersions{Kubelet: clusterv1.KubernetesVersion(version), ControlPlane: clusterv1.KubernetesVersion(version)}},
+			Versions:     clusterv1.MachineVersions{Kubelet: clusterv1.KubernetesVersion(version), ControlPlane: clusterv1.KubernetesVersion(version)}},
 	}
 	if err := w.c.Create(ctx, m); err != nil {
 		w.t.Fatal(err)
