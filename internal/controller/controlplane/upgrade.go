@@ -441,9 +441,14 @@ func adopt(st *clusterv1.UpgradeStatus, machines []clusterv1.Machine) {
 		return
 	}
 	step := last.UpgradeStep
-	if cur := st.Current; cur != nil && sameStep(cur, &step) && cur.Machine == step.Machine && cur.StartedAt != nil &&
-		cur.StartedAt.Unix() == step.StartedAt.Unix() && (cur.State == step.State || step.State != clusterv1.UpgradeStepRolledBack) {
-		return
+	if cur := st.Current; cur != nil && cur.StartedAt != nil {
+		if sameStep(cur, &step) && cur.Machine == step.Machine && cur.StartedAt.Unix() == step.StartedAt.Unix() &&
+			(cur.State == step.State || step.State != clusterv1.UpgradeStepRolledBack) {
+			return
+		}
+		if step.StartedAt.Unix() < cur.StartedAt.Unix() {
+			return // a later step records nothing on a machine that stays (RemoveMachine)
+		}
 	}
 	st.Current = &step
 }
