@@ -134,7 +134,7 @@ func newWorld(t *testing.T, replicas int32) *world {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c"},
 		Spec: clusterv1.ClusterSpec{ControlPlane: clusterv1.ControlPlaneSpec{
 			Version: "v1.37.2", Replicas: 1,
-			ProviderSpec: &runtime.RawExtension{Raw: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine"}`)},
+			ProviderSpec: newWorldProviderSpec(),
 		}},
 	}
 	if err := e.Client.Create(t.Context(), cluster); err != nil {
@@ -158,6 +158,10 @@ func newWorld(t *testing.T, replicas int32) *world {
 			return out
 		}}
 	return w
+}
+
+func newWorldProviderSpec() *runtime.RawExtension {
+	return &runtime.RawExtension{Raw: []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine"}`)}
 }
 
 // machine makes a control-plane machine as the control plane would,
