@@ -283,7 +283,9 @@ func remediate(f Facts, m Machine) Step {
 	}
 	if f.Stacked {
 		if !f.EtcdKnown {
-			return wait("no etcd member answers")
+			step := wait("no etcd member answers")
+			step.Why = clusterv1.ClusterEtcdMembershipUnknownReason
+			return step
 		}
 		members, healthyAfter := f.Members, f.HealthyMembers
 		if m.Member {
