@@ -160,6 +160,15 @@ const (
 	// ClusterControlPlaneUnhealthyReason: a control-plane component is not
 	// healthy; the message names the machine and component.
 	ClusterControlPlaneUnhealthyReason = "ComponentUnhealthy"
+	// ClusterEtcdMembershipUnknownReason: the etcd members could not be
+	// listed, so nothing that changes the membership (removing a member,
+	// letting a machine being deleted go, adding a machine) is done until
+	// they can; EtcdHealthy says why they cannot.
+	ClusterEtcdMembershipUnknownReason = "EtcdMembershipUnknown"
+	// ClusterWaitingForProviderReason: a control-plane machine is being
+	// deleted before the machine controller recorded whether its provider
+	// made it; its etcd member, if it has one, must go first.
+	ClusterWaitingForProviderReason = "WaitingForProvider"
 	// ClusterVersionUnavailableReason: the provider cannot run
 	// spec.controlPlane.version (the local provider runs what make setup
 	// built); the message lists the versions it can run.
@@ -177,7 +186,8 @@ const (
 	// ClusterEtcdMemberUnhealthyReason: a member is unhealthy; the message
 	// names it.
 	ClusterEtcdMemberUnhealthyReason = "MemberUnhealthy"
-	// ClusterEtcdUnreachableReason: the external etcd endpoints do not answer.
+	// ClusterEtcdUnreachableReason: no etcd member (stacked) or external
+	// endpoint answers; the message has the error.
 	ClusterEtcdUnreachableReason = "Unreachable"
 
 	// ClusterUpgradeProgressingCondition is True while a control-plane

@@ -82,6 +82,23 @@ const (
 	// controller removes it once the API server is ready at its new version.
 	EndpointDrainAnnotation = GroupName + "/endpoint-drain"
 
+	// EtcdMemberIDAnnotation on a stacked control-plane Machine is the ID
+	// (hex) of its etcd member, recorded by the control-plane controller the
+	// first time it sees the member (matched by the machine's address or
+	// name). From then on the member is this ID alone: it is the one removed
+	// before the machine goes, and a machine whose member is gone is
+	// replaced. Set by the controller; do not edit.
+	EtcdMemberIDAnnotation = GroupName + "/etcd-member-id"
+
+	// UpgradeStepAnnotation on a control-plane Machine is the last upgrade
+	// step taken on it, as the JSON of an UpgradeStep (with its start),
+	// written in the same write as the step itself (the change of
+	// spec.versions, or the machine's creation for a Replace upgrade's
+	// AddMachine). The step under way, its timeout and the target of a
+	// rollback are read from these records, never from status.upgrade,
+	// which is written after the step and may lag behind it.
+	UpgradeStepAnnotation = GroupName + "/upgrade-step"
+
 	// UpgradeRollbackAnnotation on a Cluster asks the control-plane
 	// controller to return the failed or current upgrade step to its
 	// previous version (marina upgrade rollback). Its value is the

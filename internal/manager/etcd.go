@@ -25,7 +25,7 @@ func (e etcdClient) Members(ctx context.Context) ([]controlplane.EtcdMember, err
 	}
 	out := make([]controlplane.EtcdMember, 0, len(members))
 	for _, m := range members {
-		out = append(out, controlplane.EtcdMember{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, Healthy: m.Healthy})
+		out = append(out, controlplane.EtcdMember{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, Healthy: m.Healthy, Learner: m.Learner})
 	}
 	return out, nil
 }

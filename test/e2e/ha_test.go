@@ -48,8 +48,8 @@ func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
 		if out, err := u.kubectl(t, "delete", "machine", victim.Name, "--wait=false"); err != nil {
 			t.Fatalf("kubectl delete machine: %v\n%s", err, out)
 		}
-		// Its replacement may take its free name: the machine is gone when
-		// no machine has its UID.
+		// Its replacement gets a name of its own (names are never used
+		// twice); the machine is gone when no machine has its UID.
 		waitGone(t, ctx, c, &victim, 2*time.Minute)
 		waitControlPlane(t, ctx, c, key, 3, 4*time.Minute)
 		if members := etcdMessage(t, ctx, c, key); strings.Contains(members, victim.Name) {

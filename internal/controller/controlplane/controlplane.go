@@ -9,8 +9,8 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,12 +19,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
+	"marina.dev/marina/internal/upgrade"
 )
 
 // ControlPlane reconciles the control planes of Clusters.
@@ -40,6 +42,12 @@ type ControlPlane struct {
 	// Started is when this controller started: an upgrade step's drain
 	// wait counts from it at the earliest (see drain).
 	Started time.Time
+	// Probe, if set, replaces the probes of the machines' components
+	// (probeMachines) in tests.
+	Probe func(ctx context.Context, set *clusterpki.Set, machines []clusterv1.Machine) map[string]string
+	// Now, if set, replaces time.Now in tests (how long a machine has been
+	// deleted).
+	Now func() time.Time
 }
 
 // Result says what the step did, for the cluster controller's conditions.
@@ -76,7 +84,14 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 		return nil, err
 	}
 	etcd := cp.observeEtcd(ctx, cluster, set, machines)
-	facts := factsOf(cluster, machines, etcd, time.Now())
+	if err := cp.recordMembers(ctx, machines, etcd); err != nil {
+		return nil, err
+	}
+	now := time.Now
+	if cp.Now != nil {
+		now = cp.Now
+	}
+	facts := factsOf(cluster, machines, etcd, now())
 	if !facts.Initialized && len(machines) > 0 {
 		facts.Initialized = endpointReady(ctx, cluster, set)
 	}
@@ -92,17 +107,26 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 	step := Plan(facts)
 	if mayUpgrade(step, facts) {
 		upgrading, err := cp.upgrade(ctx, cluster, set, machines, etcd)
-		if upgrading || err != nil {
+		// A halted, refused or rolled-back upgrade holds nothing: the
+		// user may still scale the control plane (or delete the cluster).
+		if err != nil || (upgrading && !upgradeStopped(cluster)) {
 			if step.Action == Delete {
-				step = Step{Action: Done} // Replace's surplus machine is the upgrade's to remove
+				// Replace's surplus machine is the upgrade's to remove.
+				step = Step{Action: Wait, Reason: "a Replace upgrade runs one control-plane machine more than asked until it removes an old one"}
 			}
 			setReadyCondition(cluster, step)
 			return &Result{Step: step, Machines: machines, RequeueAfter: upgradeRecheck}, err
 		}
+		if upgrading && step.Action == Delete && surge(cluster, facts) {
+			// A stopped Replace upgrade keeps the machine it added (the
+			// halt says what to do with it): deleting it here would only
+			// have the next try add another.
+			step = Step{Action: Wait, Reason: "the stopped Replace upgrade keeps the control-plane machine it added: " + conditionMessage(cluster, clusterv1.ClusterUpgradeProgressingCondition)}
+		}
 	}
 	switch step.Action {
 	case Create:
-		err = cp.create(ctx, cluster, machines, step.Init)
+		_, err = cp.create(ctx, cluster, machines, step.Init, nil)
 	case Delete:
 		err = cp.deleteMachine(ctx, cluster, machines, step.Machine)
 	case Remediate:
@@ -112,9 +136,39 @@ func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluste
 		}
 	case Release:
 		err = cp.release(ctx, cluster, set, machines, step.Machine)
+	case RemoveMember:
+		if err = cp.removeOrphan(ctx, cluster, set, machines, step.MemberID); err == nil {
+			cp.event(cluster, corev1.EventTypeNormal, "EtcdMemberRemoved", "RemoveMember", step.Reason+": removed")
+		}
 	}
 	setReadyCondition(cluster, step)
 	return &Result{Step: step, Machines: machines}, err
+}
+
+// surge: a Replace upgrade's one machine more than spec.controlPlane.replicas.
+func surge(cluster *clusterv1.Cluster, f Facts) bool {
+	return cluster.Spec.ControlPlane.UpgradeStrategy.Type == clusterv1.ControlPlaneUpgradeStrategyType(upgrade.Replace) && len(f.Machines) == f.Replicas+1
+}
+
+func conditionMessage(cluster *clusterv1.Cluster, t string) string {
+	if c := meta.FindStatusCondition(cluster.Status.Conditions, t); c != nil {
+		return c.Message
+	}
+	return ""
+}
+
+// upgradeStopped: the upgrade takes no step until the user acts: halted
+// after a step's timeout, refused by the version rules, or rolled back.
+func upgradeStopped(cluster *clusterv1.Cluster) bool {
+	c := meta.FindStatusCondition(cluster.Status.Conditions, clusterv1.ClusterUpgradeProgressingCondition)
+	if c == nil || c.Status != metav1.ConditionFalse {
+		return false
+	}
+	switch c.Reason {
+	case clusterv1.ClusterUpgradeStepTimeoutReason, clusterv1.ClusterUnsupportedUpgradeReason, clusterv1.ClusterUpgradeRolledBackReason:
+		return true
+	}
+	return false
 }
 
 // Machines lists the control plane's machines, oldest first, from the API
@@ -152,7 +206,10 @@ func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etc
 		f.Replicas = 1
 	}
 	if etcd.err == nil {
-		f.EtcdKnown, f.Members, f.HealthyMembers = true, len(etcd.members), etcd.healthy()
+		f.EtcdKnown, f.Members, f.Voters, f.HealthyMembers = true, len(etcd.members), etcd.voters(), etcd.healthy()
+		for _, o := range etcd.orphans {
+			f.Orphans = append(f.Orphans, Member{ID: o.ID, Name: o.Name, Healthy: o.healthyVoter(), Votes: o.votes()})
+		}
 	}
 	for i := range machines {
 		m := &machines[i]
@@ -161,13 +218,15 @@ func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etc
 			Ready:       machineReady(m),
 			Deleting:    !m.DeletionTimestamp.IsZero(),
 			DeletingFor: deletingFor(m, now),
-			Made:        address(m) != "",
+			Made:        made(m),
 			Hook:        hasHook(m),
 			Unhealthy:   m.Annotations[clusterv1.RemediationReasonAnnotation] != "",
 			Drained:     Drained(m),
 		}
 		if member := etcd.memberOf(m); member != nil {
-			mf.Member, mf.MemberHealthy = true, member.Healthy
+			mf.Member, mf.MemberHealthy, mf.MemberVotes = true, member.healthyVoter(), member.votes()
+		} else if _, recorded := recordedMember(m); recorded && etcd.err == nil && stacked(cluster) {
+			mf.MemberGone = true
 		}
 		f.Initialized = f.Initialized || mf.Ready
 		f.Machines = append(f.Machines, mf)
@@ -188,6 +247,14 @@ func hasHook(m *clusterv1.Machine) bool {
 	return ok
 }
 
+// made: the machine controller recorded the provider's answer on m: a
+// providerID, or the address it runs at. It is the machine controller's
+// own test of a machine it deletes (a machine it has not recorded as made
+// it asks the provider about, and records the answer).
+func made(m *clusterv1.Machine) bool {
+	return m.Status.ProviderID != "" || address(m) != ""
+}
+
 // address is the machine's InternalIP, empty until the provider made it.
 func address(m *clusterv1.Machine) string {
 	for _, a := range m.Status.Addresses {
@@ -198,16 +265,18 @@ func address(m *clusterv1.Machine) string {
 	return ""
 }
 
-// create makes the next control-plane machine. Its name is the first free
-// <cluster>-cp-<n> among the machines listed live, so that a retry after a
-// crash finds the same name taken (AlreadyExists) instead of making a
-// second machine.
-func (cp *ControlPlane) create(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine, init bool) error {
+// create makes the next control-plane machine and returns its name. The
+// first machine of a cluster is <cluster>-cp-0; every other one gets a
+// random suffix, so that a name is never used twice: an etcd member, a
+// Node or an upgrade record left by a machine that is gone is never taken
+// for a new machine's. A retry after a crash lists the machines live and
+// sees the one made (the planner waits for it), so no second one is made.
+func (cp *ControlPlane) create(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine, init bool, annotations map[string]string) (string, error) {
 	spec := &cluster.Spec.ControlPlane
 	m := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: cluster.Namespace,
-			Name:      freeName(cluster.Name, machines),
+			Name:      newName(cluster.Name, machines, init),
 			Labels:    map[string]string{clusterv1.ClusterNameLabel: cluster.Name, clusterv1.ControlPlaneLabel: ""},
 		},
 		Spec: clusterv1.MachineSpec{
@@ -226,7 +295,10 @@ func (cp *ControlPlane) create(ctx context.Context, cluster *clusterv1.Cluster, 
 			m.Spec.ProviderSpec.Object = spec.ProviderSpec.Object.DeepCopyObject()
 		}
 	}
-	annotations := map[string]string{}
+	annotations = maps.Clone(annotations)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
 	if stacked(cluster) {
 		annotations[clusterv1.EtcdMemberHook] = ""
 		if init {
@@ -237,24 +309,27 @@ func (cp *ControlPlane) create(ctx context.Context, cluster *clusterv1.Cluster, 
 		m.Annotations = annotations
 	}
 	if err := controllerutil.SetControllerReference(cluster, m, cp.Client.Scheme()); err != nil {
-		return fmt.Errorf("owning machine %s: %w", m.Name, err)
+		return "", fmt.Errorf("owning machine %s: %w", m.Name, err)
 	}
 	if err := cp.Client.Create(ctx, m); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			return nil // a retry: the next list shows it
+			return "", nil // the name is taken: the next pass picks another
 		}
-		return fmt.Errorf("creating control-plane machine %s: %w", m.Name, err)
+		return "", fmt.Errorf("creating control-plane machine %s: %w", m.Name, err)
 	}
-	return nil
+	return m.Name, nil
 }
 
-func freeName(cluster string, machines []clusterv1.Machine) string {
-	taken := map[string]bool{}
-	for _, m := range machines {
-		taken[m.Name] = true
+// newName names a new control-plane machine: <cluster>-cp-0 for the one
+// that starts the cluster (nothing of the cluster exists before it, so
+// the name is never another member's), <cluster>-cp-<random> otherwise.
+func newName(cluster string, machines []clusterv1.Machine, init bool) string {
+	if init {
+		return cluster + "-cp-0"
 	}
-	for i := 0; ; i++ {
-		if name := cluster + "-cp-" + strconv.Itoa(i); !taken[name] {
+	for {
+		name := cluster + "-cp-" + utilrand.String(5)
+		if !slices.ContainsFunc(machines, func(m clusterv1.Machine) bool { return m.Name == name }) {
 			return name
 		}
 	}
@@ -292,7 +367,7 @@ func (cp *ControlPlane) release(ctx context.Context, cluster *clusterv1.Cluster,
 		return nil
 	}
 	m := &machines[i]
-	if stacked(cluster) && address(m) != "" {
+	if stacked(cluster) {
 		if err := cp.removeMember(ctx, cluster, set, machines, m); err != nil {
 			return err
 		}
@@ -371,8 +446,11 @@ func setReadyCondition(cluster *clusterv1.Cluster, step Step) {
 		want = 1
 	}
 	switch {
-	case step.Action == Done && st.ReadyReplicas >= want:
+	case step.Action == Done && st.Replicas == want && st.ReadyReplicas >= want:
 		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionTrue, clusterv1.ClusterControlPlaneReadyReason, "")
+	case step.Action == Wait && step.Why != "":
+		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionFalse, step.Why,
+			fmt.Sprintf("%d of %d control-plane machines ready: %s", st.ReadyReplicas, want, step.Reason))
 	case step.Action == Wait && st.Replicas == want:
 		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionFalse, clusterv1.ClusterControlPlaneUnhealthyReason, step.Reason)
 	default:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,9 +26,18 @@ type EtcdMember struct {
 	ID       uint64
 	Name     string
 	PeerURLs []string
-	// Healthy: the member answered a health check.
+	// Healthy: the member answered a health check and votes.
 	Healthy bool
+	// Learner: the member does not vote yet (it was added and has not
+	// caught up, or it never started).
+	Learner bool
 }
+
+// votes: the member counts towards the quorum.
+func (m *EtcdMember) votes() bool { return !m.Learner }
+
+// healthyVoter: the member answers and counts towards the quorum.
+func (m *EtcdMember) healthyVoter() bool { return m.Healthy && !m.Learner }
 
 // Etcd is an open connection to a cluster's etcd.
 type Etcd interface {
@@ -46,30 +56,131 @@ type EtcdDialer func(ctx context.Context, endpoints []string, caPEM, certPEM, ke
 type etcdState struct {
 	members []EtcdMember
 	err     error // nothing was learnt: no member answered
+	// of is each machine's member, by machine name; orphans are the
+	// members of no machine (both set when err is nil).
+	of      map[string]*EtcdMember
+	orphans []EtcdMember
 }
 
+func newEtcdState(members []EtcdMember, err error, machines []clusterv1.Machine) *etcdState {
+	s := &etcdState{members: members, err: err}
+	if err == nil {
+		s.of, s.orphans = matchMembers(machines, members)
+	}
+	return s
+}
+
+// healthy counts the voting members that answer.
 func (s *etcdState) healthy() int {
 	n := 0
-	for _, m := range s.members {
-		if m.Healthy {
+	for i := range s.members {
+		if s.members[i].healthyVoter() {
 			n++
 		}
 	}
 	return n
 }
 
-// memberOf finds m's member by name or by its peer URL's host.
-func (s *etcdState) memberOf(m *clusterv1.Machine) *EtcdMember {
-	ip := address(m)
+func (s *etcdState) voters() int {
+	n := 0
 	for i := range s.members {
-		member := &s.members[i]
-		if member.Name == m.Name {
-			return member
+		if s.members[i].votes() {
+			n++
+		}
+	}
+	return n
+}
+
+// memberOf is m's member, nil when it has none or etcd is unknown.
+func (s *etcdState) memberOf(m *clusterv1.Machine) *EtcdMember {
+	return s.of[m.Name]
+}
+
+// recordedMember is the member ID recorded on m (EtcdMemberIDAnnotation).
+func recordedMember(m *clusterv1.Machine) (uint64, bool) {
+	v, ok := m.Annotations[clusterv1.EtcdMemberIDAnnotation]
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(v, 16, 64)
+	return id, err == nil
+}
+
+// matchMembers finds each machine's member, each member for one machine
+// at most: a machine with a recorded member ID has that member or none (a
+// name or address reused later never moves it); the others are matched
+// by their address (the host of the member's peer URL, which is how a
+// joining machine adds its member, before the member has a name), then
+// by name (a started member is named after its machine). The members
+// left belong to no machine.
+func matchMembers(machines []clusterv1.Machine, members []EtcdMember) (map[string]*EtcdMember, []EtcdMember) {
+	of := map[string]*EtcdMember{}
+	taken := map[uint64]bool{}
+	byID := map[uint64]*EtcdMember{}
+	for i := range members {
+		byID[members[i].ID] = &members[i]
+	}
+	for i := range machines {
+		m := &machines[i]
+		if id, ok := recordedMember(m); ok {
+			if member := byID[id]; member != nil && !taken[id] {
+				of[m.Name], taken[id] = member, true
+			}
+		}
+	}
+	matchBy := func(match func(m *clusterv1.Machine, member *EtcdMember) bool) {
+		for i := range machines {
+			m := &machines[i]
+			if _, recorded := recordedMember(m); recorded || of[m.Name] != nil {
+				continue
+			}
+			for j := range members {
+				if member := &members[j]; !taken[member.ID] && match(m, member) {
+					of[m.Name], taken[member.ID] = member, true
+					break
+				}
+			}
+		}
+	}
+	matchBy(func(m *clusterv1.Machine, member *EtcdMember) bool {
+		ip := address(m)
+		if ip == "" {
+			return false
 		}
 		for _, u := range member.PeerURLs {
-			if parsed, err := url.Parse(u); err == nil && ip != "" && parsed.Hostname() == ip {
-				return member
+			if parsed, err := url.Parse(u); err == nil && parsed.Hostname() == ip {
+				return true
 			}
+		}
+		return false
+	})
+	matchBy(func(m *clusterv1.Machine, member *EtcdMember) bool { return member.Name != "" && member.Name == m.Name })
+	var orphans []EtcdMember
+	for _, member := range members {
+		if !taken[member.ID] {
+			orphans = append(orphans, member)
+		}
+	}
+	return of, orphans
+}
+
+// recordMembers writes each machine's member ID on it the first time its
+// member is seen (EtcdMemberIDAnnotation), so that from then on it is
+// known by ID alone.
+func (cp *ControlPlane) recordMembers(ctx context.Context, machines []clusterv1.Machine, etcd *etcdState) error {
+	for i := range machines {
+		m := &machines[i]
+		member := etcd.memberOf(m)
+		if _, recorded := recordedMember(m); recorded || member == nil {
+			continue
+		}
+		before := m.DeepCopy()
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[clusterv1.EtcdMemberIDAnnotation] = strconv.FormatUint(member.ID, 16)
+		if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("recording the etcd member of machine %s: %w", m.Name, err)
 		}
 	}
 	return nil
@@ -149,17 +260,20 @@ func (cp *ControlPlane) observeEtcd(ctx context.Context, cluster *clusterv1.Clus
 	members, err := cp.withEtcd(ctx, cluster, set, machines, "", func(ctx context.Context, e Etcd) ([]EtcdMember, error) {
 		return e.Members(ctx)
 	})
-	return &etcdState{members: members, err: err}
+	return newEtcdState(members, err, machines)
 }
 
-// removeMember removes m's etcd member, through the other members.
+// removeMember removes m's etcd member, through the other members. The
+// planner projected the quorum from what it saw; the members are listed
+// again here and the projection made again, so that a member that stopped
+// answering since is not counted on.
 func (cp *ControlPlane) removeMember(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set, machines []clusterv1.Machine, m *clusterv1.Machine) error {
 	_, err := cp.withEtcd(ctx, cluster, set, machines, m.Name, func(ctx context.Context, e Etcd) ([]EtcdMember, error) {
 		members, err := e.Members(ctx)
 		if err != nil {
 			return nil, err
 		}
-		state := &etcdState{members: members}
+		state := newEtcdState(members, nil, machines)
 		member := state.memberOf(m)
 		if member == nil {
 			return nil, nil
@@ -167,10 +281,45 @@ func (cp *ControlPlane) removeMember(ctx context.Context, cluster *clusterv1.Clu
 		if len(members) == 1 {
 			return nil, nil // the last member goes with its machine and the cluster
 		}
+		if err := safeToRemove(state, member); err != nil {
+			return nil, err
+		}
 		return nil, e.RemoveMember(ctx, member.ID)
 	})
 	if err != nil {
 		return fmt.Errorf("removing the etcd member of machine %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// removeOrphan removes the member id, when the members listed again still
+// show it belongs to no machine and its removal keeps the quorum.
+func (cp *ControlPlane) removeOrphan(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set, machines []clusterv1.Machine, id uint64) error {
+	_, err := cp.withEtcd(ctx, cluster, set, machines, "", func(ctx context.Context, e Etcd) ([]EtcdMember, error) {
+		members, err := e.Members(ctx)
+		if err != nil {
+			return nil, err
+		}
+		state := newEtcdState(members, nil, machines)
+		i := slices.IndexFunc(state.orphans, func(o EtcdMember) bool { return o.ID == id })
+		if i < 0 {
+			return nil, nil // gone, or it turned out to be a machine's
+		}
+		if err := safeToRemove(state, &state.orphans[i]); err != nil {
+			return nil, err
+		}
+		return nil, e.RemoveMember(ctx, id)
+	})
+	if err != nil {
+		return fmt.Errorf("removing etcd member %x, which belongs to no machine: %w", id, err)
+	}
+	return nil
+}
+
+// safeToRemove is the quorum projection made again on a fresh list.
+func safeToRemove(s *etcdState, member *EtcdMember) error {
+	if ok, after, healthyAfter := KeepsQuorum(s.voters(), s.healthy(), member.votes(), member.healthyVoter()); !ok {
+		return fmt.Errorf("not removed: it would leave %d healthy of %d voting members, below the quorum of %d", healthyAfter, after, after/2+1)
 	}
 	return nil
 }

@@ -2,9 +2,12 @@ package controlplane
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
 )
 
 // Machine is what the planner knows of one control-plane machine.
@@ -17,12 +20,18 @@ type Machine struct {
 	DeletingFor time.Duration
 	// Hook: it still holds the etcd pre-terminate hook.
 	Hook bool
-	// Made: the provider made it (it has an address); one never made has
-	// no etcd member and can go at once.
+	// Made: the machine controller recorded the provider's answer on it
+	// (a providerID or an address), the one definition of made that the
+	// machine controller acts on too. A machine deleted before that
+	// answer landed may run an etcd member nobody can see yet.
 	Made bool
-	// Member: the etcd cluster lists a member for it; MemberHealthy: that
-	// member answers.
-	Member, MemberHealthy bool
+	// Member: the etcd cluster lists a member for it (by the member ID
+	// recorded on it, else its address or name); MemberHealthy: that
+	// member answers and votes; MemberVotes: it votes (not a learner).
+	Member, MemberHealthy, MemberVotes bool
+	// MemberGone: its recorded member is no longer in the etcd cluster:
+	// it can never serve again, and is replaced.
+	MemberGone bool
 	// Unhealthy: a MachineHealthCheck marked it for remediation.
 	Unhealthy bool
 	// Drained: an upgrade step took its API server out of the endpoint.
@@ -39,11 +48,23 @@ type Facts struct {
 	Initialized bool
 	// Machines, oldest first.
 	Machines []Machine
-	// Members and HealthyMembers count the stacked etcd's members; both
-	// include members of no machine (left over, or being added).
-	Members, HealthyMembers int
+	// Members counts the stacked etcd's members, learners included;
+	// Voters those that vote, HealthyMembers the voters that answer. All
+	// three include members of no machine (left over, or being added).
+	Members, Voters, HealthyMembers int
+	// Orphans are the members that belong to no machine.
+	Orphans []Member
 	// EtcdKnown: the etcd facts were read (false when no member answered).
 	EtcdKnown bool
+}
+
+// Member is an etcd member, as the planner knows one that belongs to no
+// machine.
+type Member struct {
+	ID   uint64
+	Name string
+	// Healthy: it answers and votes; Votes: it is not a learner.
+	Healthy, Votes bool
 }
 
 // Action is what the control plane does next.
@@ -61,6 +82,8 @@ const (
 	// Release the etcd hook of a machine being deleted: remove its member
 	// (if any), then the hook, so that its deletion goes on.
 	Release Action = "Release"
+	// RemoveMember removes an etcd member that belongs to no machine.
+	RemoveMember Action = "RemoveMember"
 	// Wait for something to change; Reason says what.
 	Wait Action = "Wait"
 	// Done: the control plane has its replicas.
@@ -70,10 +93,14 @@ const (
 // Step is the planner's output: one action at a time (M10: one machine at a
 // time, up or down).
 type Step struct {
-	Action  Action
-	Machine string // Delete, Release
-	Init    bool   // Create: the machine starts a new cluster
-	Reason  string // Wait: why, for the conditions
+	Action   Action
+	Machine  string // Delete, Release
+	MemberID uint64 // RemoveMember
+	Init     bool   // Create: the machine starts a new cluster
+	Reason   string // Wait: why, for the conditions
+	// Why is the ControlPlaneReady reason of a Wait that is not the
+	// usual one (a constant of the API package), or empty.
+	Why string
 	// RequeueAfter: a Wait that ends by itself, after this long.
 	RequeueAfter time.Duration
 }
@@ -102,8 +129,11 @@ func Plan(f Facts) Step {
 	if n == 0 {
 		return Step{Action: Wait, Reason: "every control-plane machine is gone: there is no running control plane to join; restore the cluster from a backup"}
 	}
+	if step, ok := orphan(f); ok {
+		return step
+	}
 	for _, m := range f.Machines {
-		if m.Unhealthy && n >= f.Replicas {
+		if (m.Unhealthy || m.MemberGone) && n >= f.Replicas {
 			return remediate(f, m)
 		}
 	}
@@ -112,7 +142,7 @@ func Plan(f Facts) Step {
 	}
 	if f.Stacked && n <= f.Replicas {
 		if !f.EtcdKnown {
-			return Step{Action: Wait, Reason: "no etcd member answers"}
+			return Step{Action: Wait, Reason: "no etcd member answers", Why: clusterv1.ClusterEtcdMembershipUnknownReason}
 		}
 		if f.HealthyMembers < f.Members {
 			return Step{Action: Wait, Reason: fmt.Sprintf("%d of %d etcd members are healthy: no machine is added until all are", f.HealthyMembers, f.Members)}
@@ -135,28 +165,97 @@ func Plan(f Facts) Step {
 const EndpointDrainWait = 5 * time.Second
 
 // release lets m's deletion go on when removing its etcd member keeps a
-// quorum of healthy members (M14); otherwise it waits and says why.
+// quorum of healthy voters (M14); otherwise it waits and says why. A
+// machine whose member cannot be known (the provider's answer is not
+// recorded on it, or etcd does not answer) waits: letting it go could take
+// a voter away without removing it.
 func release(f Facts, m Machine) Step {
-	if !f.Stacked || !m.Made || !m.Member {
+	if !f.Stacked {
+		return Step{Action: Release, Machine: m.Name}
+	}
+	if !m.Made {
+		return Step{Action: Wait, Why: clusterv1.ClusterWaitingForProviderReason, Reason: fmt.Sprintf(
+			"control-plane machine %s is being deleted before its provider's answer was recorded: waiting for the machine controller to learn whether it was made (its etcd member goes first)", m.Name)}
+	}
+	if !f.EtcdKnown {
+		return Step{Action: Wait, Why: clusterv1.ClusterEtcdMembershipUnknownReason,
+			Reason: fmt.Sprintf("cannot tell whether %s has an etcd member to remove first: no etcd member answers", m.Name)}
+	}
+	if !m.Member {
 		return Step{Action: Release, Machine: m.Name}
 	}
 	if m.DeletingFor < EndpointDrainWait {
 		return Step{Action: Wait, Reason: fmt.Sprintf("waiting for the endpoint to stop sending to %s before removing its etcd member", m.Name),
 			RequeueAfter: EndpointDrainWait - m.DeletingFor}
 	}
-	if !f.EtcdKnown {
-		return Step{Action: Wait, Reason: fmt.Sprintf("cannot remove the etcd member of %s: no etcd member answers", m.Name)}
-	}
-	after, healthyAfter := f.Members-1, f.HealthyMembers
-	if m.MemberHealthy {
-		healthyAfter--
-	}
-	if after > 0 && healthyAfter < after/2+1 {
+	if ok, after, healthyAfter := KeepsQuorum(f.Voters, f.HealthyMembers, m.MemberVotes, m.MemberHealthy); !ok {
 		return Step{Action: Wait, Reason: fmt.Sprintf(
-			"removing the etcd member of %s would leave %d healthy of %d members, below the quorum of %d: waiting until the other members are healthy",
+			"removing the etcd member of %s would leave %d healthy of %d voting members, below the quorum of %d: waiting until the other members are healthy",
 			m.Name, healthyAfter, after, after/2+1)}
 	}
 	return Step{Action: Release, Machine: m.Name}
+}
+
+// KeepsQuorum projects the removal of one member from an etcd cluster of
+// voters voting members, healthy of which answer: the removal is safe when
+// the healthy voters left are a quorum of the voters left (a learner's
+// removal changes neither). Removing the last member is allowed: the
+// cluster is going.
+func KeepsQuorum(voters, healthy int, votes, answers bool) (ok bool, after, healthyAfter int) {
+	after, healthyAfter = voters, healthy
+	if votes {
+		after--
+		if answers {
+			healthyAfter--
+		}
+	}
+	return after == 0 || healthyAfter >= after/2+1, after, healthyAfter
+}
+
+// orphan removes a member that belongs to no machine (left by a machine
+// deleted with its member, or by a crash), as upstream KubeadmControlPlane
+// does, when that keeps a quorum of healthy voters. Never while a machine
+// is not made yet: a joining machine adds its member before its address
+// is recorded, and that member would look like an orphan.
+func orphan(f Facts) (Step, bool) {
+	if !f.Stacked || !f.EtcdKnown || len(f.Orphans) == 0 {
+		return Step{}, false
+	}
+	for _, m := range f.Machines {
+		if !m.Made {
+			return Step{}, false
+		}
+	}
+	// The ones that do not answer first: their removal can only help.
+	orphans := slices.Clone(f.Orphans)
+	slices.SortStableFunc(orphans, func(a, b Member) int {
+		return cmpBool(a.Healthy, b.Healthy)
+	})
+	o := orphans[0]
+	name := memberName(o)
+	if ok, after, healthyAfter := KeepsQuorum(f.Voters, f.HealthyMembers, o.Votes, o.Healthy); !ok {
+		return Step{Action: Wait, Reason: fmt.Sprintf(
+			"etcd member %s belongs to no control-plane machine, but removing it would leave %d healthy of %d voting members, below the quorum of %d",
+			name, healthyAfter, after, after/2+1)}, true
+	}
+	return Step{Action: RemoveMember, MemberID: o.ID, Reason: fmt.Sprintf("etcd member %s belongs to no control-plane machine", name)}, true
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case !a:
+		return -1
+	}
+	return 1
+}
+
+func memberName(m Member) string {
+	if m.Name == "" {
+		return fmt.Sprintf("%x (not started)", m.ID)
+	}
+	return fmt.Sprintf("%s (%x)", m.Name, m.ID)
 }
 
 // remediate deletes m, marked unhealthy by a health check, when the
@@ -184,19 +283,22 @@ func remediate(f Facts, m Machine) Step {
 	}
 	if f.Stacked {
 		if !f.EtcdKnown {
-			return wait("no etcd member answers")
+			step := wait("no etcd member answers")
+			step.Why = clusterv1.ClusterEtcdMembershipUnknownReason
+			return step
 		}
-		after, healthyAfter := f.Members, f.HealthyMembers
+		members, healthyAfter := f.Members, f.HealthyMembers
 		if m.Member {
-			after--
+			members--
 			if m.MemberHealthy {
 				healthyAfter--
 			}
 		}
-		if healthyAfter < after {
-			return wait("%d of the %d etcd members that would remain are healthy: every other member must be", healthyAfter, after)
+		if healthyAfter < members {
+			return wait("%d of the %d etcd members that would remain are healthy: every other member must be", healthyAfter, members)
 		}
-		if after == 0 || healthyAfter < after/2+1 {
+		ok, after, healthyAfter := KeepsQuorum(f.Voters, f.HealthyMembers, m.Member && m.MemberVotes, m.MemberHealthy)
+		if after == 0 || !ok {
 			return wait("removing its etcd member would leave %d healthy of %d, below a quorum", healthyAfter, after)
 		}
 	}

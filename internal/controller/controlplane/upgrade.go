@@ -51,7 +51,11 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 		cp.finish(cluster)
 		return false, cp.undrain(ctx, machines, nil, nil)
 	}
-	health := probeMachines(ctx, set, machines)
+	probe := cp.Probe
+	if probe == nil {
+		probe = probeMachines
+	}
+	health := probe(ctx, set, machines)
 	in := inputOf(cluster, machines, health, etcd, workers)
 	if st = begin(cluster, in, machines); st == nil {
 		// The version rules need the running version: a machine being
@@ -60,6 +64,11 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 			"waiting for every control-plane machine to report its API server's version before the upgrade begins")
 		return true, nil
 	}
+	// The step under way is the one the machines record, not the one
+	// status.upgrade names: that is written after the step, and a crash in
+	// between leaves it on the step before.
+	adopt(st, machines)
+	inFlight(st, machines)
 	if cluster.Annotations[clusterv1.UpgradeRollbackAnnotation] == strconv.FormatInt(cluster.Generation, 10) {
 		if err := cp.rollback(ctx, cluster, machines); err != nil {
 			return true, err
@@ -76,7 +85,6 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 	if err := cp.settle(ctx, cluster, machines); err != nil {
 		return true, err
 	}
-	inFlight(st, machines)
 	d := upgrade.Plan(in)
 	st.Steps = stepsOf(in, st)
 	switch {
@@ -158,6 +166,12 @@ func begin(cluster *clusterv1.Cluster, in upgrade.Input, machines []clusterv1.Ma
 		st.CompletedAt = nil // a component fell behind again after it was done: resume
 		return st
 	}
+	// A machine this upgrade added (a crash lost the status that said the
+	// upgrade began) runs the new version, and may never report it.
+	machines = slices.DeleteFunc(slices.Clone(machines), func(m clusterv1.Machine) bool {
+		rec := recordedStep(&m)
+		return rec != nil && rec.Action == string(upgrade.AddMachine) && rec.To == in.Version
+	})
 	from, all := OldestAPIServer(machines)
 	if st != nil && st.CompletedAt == nil && st.From != "" {
 		from, all = st.From, true // the target changed mid-way (a rollback's fix)
@@ -206,6 +220,10 @@ func (cp *ControlPlane) wait(cluster *clusterv1.Cluster, why string, stuck bool)
 func (cp *ControlPlane) halt(cluster *clusterv1.Cluster, cur *clusterv1.UpgradeStep, why string) {
 	msg := fmt.Sprintf("upgrade halted: %s did not become healthy within %s (%s); the other machines keep serving; "+
 		"run marina upgrade rollback %s to return it to %s", describeStep(cur), stepTimeout(cluster), why, cluster.Name, cur.From)
+	if cur.Action == string(upgrade.AddMachine) {
+		msg = fmt.Sprintf("upgrade halted: %s did not become healthy within %s (%s); the other machines keep serving; "+
+			"delete machine %s to have another one made, or change spec.controlPlane", describeStep(cur), stepTimeout(cluster), why, cur.Machine)
+	}
 	if cur.State != clusterv1.UpgradeStepFailed {
 		cur.State = clusterv1.UpgradeStepFailed
 		cp.event(cluster, corev1.EventTypeWarning, clusterv1.ClusterUpgradeStepTimeoutReason, "Upgrade", msg)
@@ -235,7 +253,9 @@ func stepTimeout(cluster *clusterv1.Cluster) time.Duration {
 func (cp *ControlPlane) take(ctx context.Context, cluster *clusterv1.Cluster, machines []clusterv1.Machine, deployments []clusterv1.MachineDeployment, step upgrade.Step) error {
 	st := cluster.Status.Upgrade
 	cur := stepStatus(step)
-	if st.Current != nil && sameStep(st.Current, cur) {
+	// The planner asks for a machine only when none is being added: each
+	// AddMachine is a new step.
+	if st.Current != nil && sameStep(st.Current, cur) && step.Kind != upgrade.AddMachine {
 		cur = st.Current
 	} else {
 		now := metav1.Now()
@@ -268,9 +288,19 @@ func (cp *ControlPlane) take(ctx context.Context, cluster *clusterv1.Cluster, ma
 				return err
 			}
 		}
-		return cp.setComponent(ctx, m, step.Component, step.To, &cluster.Spec.ControlPlane.Components)
+		return cp.setComponent(ctx, m, step.Component, step.To, &cluster.Spec.ControlPlane.Components, cur)
 	case upgrade.AddMachine:
-		return cp.create(ctx, cluster, machines, false)
+		// The new machine records its step from the start: the step's
+		// machine and time are known from it after a crash.
+		rec, err := encodeStep(cur)
+		if err != nil {
+			return err
+		}
+		name, err := cp.create(ctx, cluster, machines, false, map[string]string{clusterv1.UpgradeStepAnnotation: rec})
+		if name != "" {
+			cur.Machine = name
+		}
+		return err
 	case upgrade.RemoveMachine:
 		return cp.deleteMachine(ctx, cluster, machines, step.Machine)
 	case upgrade.RollWorkers:
@@ -347,7 +377,80 @@ func stuck(cur *clusterv1.UpgradeStep, machines []clusterv1.Machine, health map[
 		return false
 	}
 	m := find(machines, cur.Machine)
+	if cur.Action == string(upgrade.AddMachine) {
+		// Its machine is not healthy yet, or it is gone.
+		return m == nil || health[m.Name] != ""
+	}
 	return m != nil && (pending(cur, m) || health[m.Name] != "")
+}
+
+// stepRecord is UpgradeStepAnnotation's value: the step, and when it was
+// taken to the nanosecond (startedAt has seconds), which orders the steps.
+type stepRecord struct {
+	clusterv1.UpgradeStep
+	Taken time.Time `json:"taken"`
+}
+
+func encodeStep(step *clusterv1.UpgradeStep) (string, error) {
+	rec := stepRecord{UpgradeStep: *step, Taken: time.Now()}
+	rec.Machine = "" // the machine it is on
+	if step.StartedAt != nil {
+		rec.Taken = step.StartedAt.Time
+	}
+	data, err := json.Marshal(rec)
+	return string(data), err
+}
+
+// recordedStep is the last upgrade step taken on m (UpgradeStepAnnotation).
+func recordedStep(m *clusterv1.Machine) *stepRecord {
+	raw, ok := m.Annotations[clusterv1.UpgradeStepAnnotation]
+	if !ok {
+		return nil
+	}
+	var rec stepRecord
+	if err := json.Unmarshal([]byte(raw), &rec); err != nil || rec.StartedAt == nil {
+		return nil // not ours to read: inFlight finds a step under way from the versions
+	}
+	rec.Machine = m.Name
+	return &rec
+}
+
+// recorded: m records step already (a pass that resumes the step).
+func recorded(m *clusterv1.Machine, step *clusterv1.UpgradeStep) bool {
+	rec := recordedStep(m)
+	return rec != nil && sameStep(&rec.UpgradeStep, step) && rec.State == step.State && step.StartedAt != nil &&
+		rec.StartedAt.Unix() == step.StartedAt.Unix()
+}
+
+// adopt makes status.upgrade.current the last step the machines record
+// for this upgrade, when the status names another one or another start:
+// the step was taken, and marina was stopped before status.upgrade said
+// so. The status's own state of that step (a halt) is kept.
+func adopt(st *clusterv1.UpgradeStatus, machines []clusterv1.Machine) {
+	var last *stepRecord
+	for i := range machines {
+		m := &machines[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if rec := recordedStep(m); rec != nil && rec.To == st.To && (last == nil || last.Taken.Before(rec.Taken)) {
+			last = rec
+		}
+	}
+	if last == nil {
+		return
+	}
+	step := last.UpgradeStep
+	if cur := st.Current; cur != nil && cur.StartedAt != nil {
+		if sameStep(cur, &step) && cur.Machine == step.Machine && cur.StartedAt.Unix() == step.StartedAt.Unix() &&
+			(cur.State == step.State || step.State != clusterv1.UpgradeStepRolledBack) {
+			return
+		}
+		if step.StartedAt.Unix() < cur.StartedAt.Unix() {
+			return // a later step records nothing on a machine that stays (RemoveMachine)
+		}
+	}
+	st.Current = &step
 }
 
 // inFlight makes status.upgrade.current the step the machines show under
@@ -423,12 +526,26 @@ func runsSpec(m *clusterv1.Machine) bool {
 // components run at version (ComponentSettingsAnnotation); a rollback
 // passes none, and the component gets back the settings of its old
 // version.
-func (cp *ControlPlane) setComponent(ctx context.Context, m *clusterv1.Machine, c upgrade.Component, version string, settings *clusterv1.ControlPlaneComponents) error {
+//
+// The step is recorded on m in the same patch (UpgradeStepAnnotation),
+// so that the step under way and the target of a rollback are read from
+// the machines.
+func (cp *ControlPlane) setComponent(ctx context.Context, m *clusterv1.Machine, c upgrade.Component, version string, settings *clusterv1.ControlPlaneComponents, step *clusterv1.UpgradeStep) error {
 	before := m.DeepCopy()
 	if settings != nil && c != upgrade.Kubelet {
 		if err := recordSettings(m, version, *settings); err != nil {
 			return err
 		}
+	}
+	if step != nil && !recorded(m, step) {
+		rec, err := encodeStep(step)
+		if err != nil {
+			return err
+		}
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[clusterv1.UpgradeStepAnnotation] = rec
 	}
 	v := &m.Spec.Versions
 	if c == upgrade.Kubelet {
@@ -448,7 +565,8 @@ func (cp *ControlPlane) setComponent(ctx context.Context, m *clusterv1.Machine, 
 			v.Components.Etcd = version
 		}
 	}
-	if equalVersions(&before.Spec.Versions, v) && before.Annotations[clusterv1.ComponentSettingsAnnotation] == m.Annotations[clusterv1.ComponentSettingsAnnotation] {
+	if equalVersions(&before.Spec.Versions, v) && before.Annotations[clusterv1.ComponentSettingsAnnotation] == m.Annotations[clusterv1.ComponentSettingsAnnotation] &&
+		before.Annotations[clusterv1.UpgradeStepAnnotation] == m.Annotations[clusterv1.UpgradeStepAnnotation] {
 		return nil
 	}
 	if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
@@ -517,7 +635,9 @@ func (cp *ControlPlane) rollback(ctx context.Context, cluster *clusterv1.Cluster
 	st := cluster.Status.Upgrade
 	if cur := st.Current; cur != nil && cur.Action == string(upgrade.SetComponent) {
 		if m := find(machines, cur.Machine); m != nil {
-			if err := cp.setComponent(ctx, m, upgrade.Component(cur.Component), cur.From, nil); err != nil {
+			rec := *cur
+			rec.State = clusterv1.UpgradeStepRolledBack
+			if err := cp.setComponent(ctx, m, upgrade.Component(cur.Component), cur.From, nil, &rec); err != nil {
 				return err
 			}
 		}
@@ -629,8 +749,11 @@ func stepStatus(s upgrade.Step) *clusterv1.UpgradeStep {
 	return &clusterv1.UpgradeStep{Action: string(s.Kind), Machine: s.Machine, Component: string(s.Component), From: s.From, To: s.To}
 }
 
+// sameStep: a and b are one step of the plan. The plan's AddMachine names
+// no machine; the one under way names the machine it made.
 func sameStep(a, b *clusterv1.UpgradeStep) bool {
-	return a.Action == b.Action && a.Machine == b.Machine && a.Component == b.Component && a.To == b.To
+	return a.Action == b.Action && a.Component == b.Component && a.To == b.To &&
+		(a.Machine == b.Machine || a.Action == string(upgrade.AddMachine))
 }
 
 // markStep copies the current step's state into the plan.

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/upgrade"
 )
@@ -144,5 +146,58 @@ func TestDrainWaitCountsFromARestart(t *testing.T) {
 	}
 	if wait, err := (&ControlPlane{Started: time.Now()}).drain(context.Background(), m); err != nil || !wait {
 		t.Errorf("a machine marked before this controller started: wait = %v (%v), want the drain period again", wait, err)
+	}
+}
+
+// status.upgrade.current follows the step the machines record when it is
+// newer than the one the status names, and keeps the status's own state
+// (a halt) of the same step; an older record (a machine added before the
+// current RemoveMachine step) changes nothing.
+func TestAdoptReadsTheStepUnderWayFromTheMachines(t *testing.T) {
+	at := func(d time.Duration) *metav1.Time {
+		tm := metav1.NewTime(time.Now().Add(d).Truncate(time.Second))
+		return &tm
+	}
+	onMachine := func(name string, step clusterv1.UpgradeStep) clusterv1.Machine {
+		m := clusterv1.Machine{}
+		m.Name = name
+		rec, err := encodeStep(&step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Annotations = map[string]string{clusterv1.UpgradeStepAnnotation: rec}
+		return m
+	}
+	older := clusterv1.UpgradeStep{Action: string(upgrade.SetComponent), Component: "kube-apiserver", From: "v1.36.3", To: "v1.37.2", State: clusterv1.UpgradeStepRunning, StartedAt: at(-time.Hour)}
+	newer := older
+	newer.StartedAt = at(-time.Minute)
+	machines := []clusterv1.Machine{onMachine("a", older), onMachine("b", newer)}
+
+	st := &clusterv1.UpgradeStatus{To: "v1.37.2", Current: &clusterv1.UpgradeStep{Action: older.Action, Machine: "a", Component: older.Component,
+		From: older.From, To: older.To, State: clusterv1.UpgradeStepRunning, StartedAt: older.StartedAt}}
+	adopt(st, machines)
+	if st.Current.Machine != "b" || !st.Current.StartedAt.Equal(newer.StartedAt) {
+		t.Errorf("current = %+v, want b's step, begun a minute ago", st.Current)
+	}
+
+	halted := *st.Current
+	halted.State = clusterv1.UpgradeStepFailed
+	st.Current = &halted
+	adopt(st, machines)
+	if st.Current.State != clusterv1.UpgradeStepFailed {
+		t.Errorf("the halt of the recorded step was lost: %+v", st.Current)
+	}
+
+	removing := &clusterv1.UpgradeStep{Action: string(upgrade.RemoveMachine), Machine: "c", To: "v1.37.2", State: clusterv1.UpgradeStepRunning, StartedAt: at(0)}
+	st.Current = removing
+	adopt(st, machines)
+	if st.Current != removing {
+		t.Errorf("an older record replaced the current step: %+v", st.Current)
+	}
+
+	other := &clusterv1.UpgradeStatus{To: "v1.38.0"}
+	adopt(other, machines)
+	if other.Current != nil {
+		t.Errorf("a record of another upgrade was adopted: %+v", other.Current)
 	}
 }

@@ -114,18 +114,22 @@ var machineFinalizer = finalizer.Name{Current: clusterv1.MachineFinalizer, Legac
 // everMade reports whether the provider ever made this machine: it has a
 // providerID, or the provider knows its UID (a controller killed after
 // Create, before recording it). A machine deleted while it still waited for
-// its cluster was never made.
+// its cluster was never made. The provider's answer is recorded in the
+// status (providerID, addresses), as provision records it: the control
+// plane waits for it before it lets a control-plane machine go, since a
+// machine made runs an etcd member that must be removed first.
 func (r *Reconciler) everMade(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (bool, error) {
 	if m.Status.ProviderID != "" {
 		return true, nil
 	}
-	_, err := prov.Get(ctx, m.UID)
+	inst, err := prov.Get(ctx, m.UID)
 	switch {
 	case provider.IsNotFound(err):
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("describing machine with provider %s: %w", prov.Name(), err)
 	}
+	m.Status.ProviderID, m.Status.Addresses = inst.ProviderID, inst.Addresses
 	return true, nil
 }
 

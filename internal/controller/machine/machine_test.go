@@ -249,6 +249,49 @@ func TestControllerKilledAtEachStepConverges(t *testing.T) {
 	}
 }
 
+// A machine deleted after the provider made it, before its status said so
+// (killed after Create), gets the provider's answer recorded, addresses
+// included, while a pre-terminate hook holds it: the control plane finds
+// a control-plane machine's etcd member by it, and waits for it before it
+// lets the machine go (issue 22, finding 1). Before, only the providerID
+// was recorded on the way.
+func TestMachineDeletedBeforeItsStatusLandedRecordsTheProvidersAnswer(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	crashed := make(chan struct{})
+	stop := f.startController(Options{crashAt: crashOnce("after-create", crashed)})
+	m := f.machine("hooked", "")
+	m.Annotations = map[string]string{clusterv1.PreTerminateHookPrefix + "test": ""}
+	m = f.create(m)
+	<-crashed
+	stop()
+	if err := mgmt.Client.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+
+	f.startController(Options{})
+	eventually(t, provisionTimeout, "the provider's answer recorded on the machine being deleted", func() (bool, error) {
+		got, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		return got.Status.ProviderID != "" && len(got.Status.Addresses) > 0, nil
+	})
+	got, err := f.get(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(got.DeepCopy())
+	delete(got.Annotations, clusterv1.PreTerminateHookPrefix+"test")
+	if err := mgmt.Client.Patch(ctx, got, patch); err != nil {
+		t.Fatal(err)
+	}
+	f.waitGone(m, deleteTimeout)
+	if _, err := f.provider.Get(ctx, got.UID); !provider.IsNotFound(err) {
+		t.Errorf("sandbox leaked after deletion: %v", err)
+	}
+}
+
 // crashOnce returns a crash hook that fires the first time step is reached.
 func crashOnce(step string, crashed chan struct{}) func(string) bool {
 	fired := false
