@@ -113,6 +113,13 @@ func runPool(ctx context.Context, dir string, t timing) error {
 	members := modWatch{path: filepath.Join(dir, PoolMembersDir)}
 	for {
 		if members.changed() {
+			if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+				// Removed under it (a state directory deleted by hand):
+				// nobody would stop it, and its members' agents would
+				// keep their Nodes alive.
+				log.Info("Agent pool directory removed, stopping", "members", len(p.running))
+				return nil
+			}
 			p.scan(ctx)
 		}
 		select {

@@ -1,6 +1,8 @@
 package local
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,4 +149,34 @@ func (e errorString) Error() string { return string(e) }
 // countStarts counts the starts an agent.log records.
 func countStarts(log string) int {
 	return strings.Count(log, ": starting the node agent")
+}
+
+// Issue 25: a pool whose directory is removed under it (a state directory
+// deleted by hand) exits, stopping its members, rather than keep their
+// Nodes alive with nothing left to stop it.
+func TestPoolExitsWhenItsDirectoryGoes(t *testing.T) {
+	ctx := t.Context()
+	p := newProvider(t)
+	req := request("pooled-0")
+	req.ProviderSpec = []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","agent":"Pooled"}}`)
+	if _, err := p.Create(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	poolPID, err := p.AgentPID(req.UID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(poolPID, syscall.SIGKILL) })
+	if err := os.RemoveAll(filepath.Join(p.root, poolsDir)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the pool to exit", func() error {
+		if err := syscall.Kill(poolPID, 0); !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("pool %d still there (%v)", poolPID, err)
+		}
+		return nil
+	})
+	if held, _ := sandbox.Held(p.sandboxDir(req.UID)); held {
+		t.Error("the member's lock is still held")
+	}
 }
