@@ -18,11 +18,12 @@ const defaultStateScan = 2 * time.Second
 // WatchStates implements provider.StateWatcher: every Options.StateScan it
 // probes the lock of every sandbox and names those whose agent stopped or
 // started since the last look (a killed agent, a killed pool: all its
-// members). A sandbox seen for the first time is only learnt: its Create,
-// or the controller's first pass after a restart, is looking at it
-// already.
+// members), and those that appeared stopped (one killed within a look of
+// its start). The first look only learns: the controller's first pass
+// after a start looks at every machine anyway.
 func (p *Provider) WatchStates(ctx context.Context, changed func(types.UID)) {
 	running := map[types.UID]bool{}
+	first := true
 	tick := time.NewTicker(p.opts.StateScan)
 	defer tick.Stop()
 	for {
@@ -34,7 +35,8 @@ func (p *Provider) WatchStates(ctx context.Context, changed func(types.UID)) {
 					continue // gone while we looked, or unreadable: next time
 				}
 				seen[uid] = true
-				if was, known := running[uid]; known && was != held {
+				was, known := running[uid]
+				if (known && was != held) || (!known && !held && !first) {
 					changed(uid)
 				}
 				running[uid] = held
@@ -44,6 +46,7 @@ func (p *Provider) WatchStates(ctx context.Context, changed func(types.UID)) {
 					delete(running, uid)
 				}
 			}
+			first = false
 		}
 		select {
 		case <-ctx.Done():
