@@ -35,20 +35,34 @@ import (
 // replacement), the ConfigMap still there, the CA unchanged, and one
 // process of each kind, no duplicate.
 func TestUpComesBackAfterAPowerCut(t *testing.T) {
+	powerCut(t, []string{"minimal", "workers"}, types.NamespacedName{Namespace: "default", Name: "minimal"}, 6, 1)
+}
+
+// The same with examples/ha: its three stacked etcd members all stop at
+// once, and none has a quorum until the others are started too; Ready
+// again, with 3 healthy voting members.
+func TestUpBringsBackAStackedControlPlaneAfterAPowerCut(t *testing.T) {
+	powerCut(t, []string{"ha"}, types.NamespacedName{Namespace: "default", Name: "ha"}, 7, 3)
+}
+
+// powerCut applies examples, waits for cluster key Ready with machines
+// Ready Nodes, cuts the power and checks what comes back; controlPlanes is
+// the number of control-plane machines (and etcd members).
+func powerCut(t *testing.T, examples []string, key types.NamespacedName, machines, controlPlanes int) {
 	stateDir := t.TempDir()
 	u := startUp(t, stateDir)
 	root := filepath.Join(stateDir, "machines")
 	t.Cleanup(func() { stopAgents(t, root) })
 	c := mgmtClient(t, stateDir)
 	ctx := context.Background()
-	key := types.NamespacedName{Namespace: "default", Name: "minimal"}
 	applied := time.Now()
-	u.applyExample(t, "minimal")
-	u.applyExample(t, "workers")
-	testenv.Eventually(t, 6*time.Minute, "cluster minimal Ready with 6 Ready Nodes", func() error {
-		return clusterBack(ctx, c, key, 6, applied)
+	for _, example := range examples {
+		u.applyExample(t, example)
+	}
+	testenv.Eventually(t, 8*time.Minute, fmt.Sprintf("cluster %s Ready with %d Ready Nodes", key.Name, machines), func() error {
+		return clusterBack(ctx, c, key, machines, controlPlanes, applied)
 	})
-	t.Logf("examples/minimal + workers Ready %.1fs after kubectl apply", time.Since(applied).Seconds())
+	t.Logf("examples %v Ready %.1fs after kubectl apply", examples, time.Since(applied).Seconds())
 	cs := workloadClient(t, ctx, c, key)
 	caBefore := workloadConfig(t, ctx, c, key).CAData
 	kept := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "survives-a-power-cut", Namespace: "default"}, Data: map[string]string{"written": applied.String()}}
@@ -73,8 +87,8 @@ func TestUpComesBackAfterAPowerCut(t *testing.T) {
 	restarted := time.Now()
 	u = startUp(t, stateDir)
 	c = mgmtClient(t, stateDir)
-	testenv.Eventually(t, 90*time.Second, "cluster minimal Ready again with 6 live Ready Nodes", func() error {
-		return clusterBack(ctx, c, key, 6, restarted)
+	testenv.Eventually(t, 90*time.Second, fmt.Sprintf("cluster %s Ready again with %d live Ready Nodes", key.Name, machines), func() error {
+		return clusterBack(ctx, c, key, machines, controlPlanes, restarted)
 	})
 	t.Logf("Ready again %.1fs after marina up was started again", time.Since(restarted).Seconds())
 
@@ -107,7 +121,7 @@ func TestUpComesBackAfterAPowerCut(t *testing.T) {
 				t.Errorf("%d processes of %s, want 1", n, what)
 			}
 		}
-		// One control-plane machine: one of each component.
+		// One of each component per control-plane machine.
 		for _, component := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
 			n := 0
 			for what, k := range counts {
@@ -115,23 +129,28 @@ func TestUpComesBackAfterAPowerCut(t *testing.T) {
 					n += k
 				}
 			}
-			if n != 1 {
-				t.Errorf("%d %s processes, want 1 (%v)", n, component, counts)
+			if n != controlPlanes {
+				t.Errorf("%d %s processes, want %d (%v)", n, component, controlPlanes, counts)
 			}
 		}
 	})
 }
 
-// clusterBack: the Cluster is Ready, its machines all Running with their
-// instance running, and want Nodes Ready whose Leases were renewed since
-// since (a Node's Ready from before a power cut proves nothing).
-func clusterBack(ctx context.Context, c client.Client, key types.NamespacedName, want int, since time.Time) error {
+// clusterBack: the Cluster is Ready with all its etcd members healthy,
+// its machines all Running with their instance running, and want Nodes
+// Ready whose Leases were renewed since since (a Node's Ready from before
+// a power cut proves nothing).
+func clusterBack(ctx context.Context, c client.Client, key types.NamespacedName, want, members int, since time.Time) error {
 	cluster := &clusterv1.Cluster{}
 	if err := c.Get(ctx, key, cluster); err != nil {
 		return err
 	}
 	if !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ReadyCondition) {
 		return fmt.Errorf("cluster not Ready: %v", meta.FindStatusCondition(cluster.Status.Conditions, clusterv1.ReadyCondition))
+	}
+	etcd := meta.FindStatusCondition(cluster.Status.Conditions, clusterv1.ClusterEtcdHealthyCondition)
+	if wantMsg := fmt.Sprintf("%d of %d etcd members are healthy", members, members); etcd == nil || etcd.Status != metav1.ConditionTrue || etcd.Message != wantMsg {
+		return fmt.Errorf("etcd: %+v, want %q", etcd, wantMsg)
 	}
 	if err := machinesRunning(ctx, c, want); err != nil {
 		return err
