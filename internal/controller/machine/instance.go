@@ -29,13 +29,19 @@ func (r *Reconciler) reconcileInstance(ctx context.Context, before, m *clusterv1
 		return ctrl.Result{}, nil
 	}
 	starter, canStart := prov.(provider.Starter)
+	willStart := canStart && !stoppedOnPurpose(m)
 	msg := stoppedMessage(m, prov, canStart)
-	if c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineInstanceRunningCondition); c == nil || c.Status == metav1.ConditionTrue {
+	c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineInstanceRunningCondition)
+	if c == nil || c.Status == metav1.ConditionTrue {
 		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineStoppedReason, "Describe", "%s", msg)
 	}
-	setCondition(m, clusterv1.MachineInstanceRunningCondition, metav1.ConditionFalse, clusterv1.MachineStoppedReason, msg)
+	// A start that failed keeps saying why while it is retried, rather
+	// than flip between Stopped and StartFailed at every try.
+	if c == nil || c.Reason != clusterv1.MachineStartFailedReason || !willStart {
+		setCondition(m, clusterv1.MachineInstanceRunningCondition, metav1.ConditionFalse, clusterv1.MachineStoppedReason, msg)
+	}
 	setReady(m)
-	if !canStart || stoppedOnPurpose(m) {
+	if !willStart {
 		return ctrl.Result{}, nil // the Node follows, NotReady
 	}
 	// Written first: the start may take a while or fail, and whoever

@@ -2,12 +2,15 @@ package machine
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
 // Issue 25: a machine whose agent was killed (a reboot of one machine, an
@@ -186,4 +190,72 @@ func watchForReason(t *testing.T, m *clusterv1.Machine, condType, reason string)
 		defer mu.Unlock()
 		return found
 	}
+}
+
+// Issue 25: a worker stopped past the life of its credential is not
+// started with it (its agent could never join): the provider says so, and
+// the controller hands it a fresh one. Here the worker's token is replaced,
+// while it is stopped on purpose, by one that expired.
+func TestStoppedWorkerWithAnExpiredCredentialGetsAFreshOne(t *testing.T) {
+	f := newFixture(t)
+	f.startController(Options{})
+	m := f.machine("expired", "")
+	m.Annotations = map[string]string{clusterv1.StoppedOnPurposeAnnotation: "true"}
+	m = f.create(m)
+	got := f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
+	pid, err := f.provider.AgentPID(got.UID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the machine reported Stopped", func() (bool, error) {
+		cur, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		return conditionReason(cur, clusterv1.MachineInstanceRunningCondition) == clusterv1.MachineStoppedReason, nil
+	})
+	dir := filepath.Join(f.sandboxes, string(got.UID))
+	b, err := sandbox.ReadBootstrap(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := fmt.Sprintf(`{"iat":%d,"exp":%d}`, time.Now().Add(-48*time.Hour).Unix(), time.Now().Add(-time.Hour).Unix())
+	expired := "e30." + base64.RawURLEncoding.EncodeToString([]byte(claims)) + ".sig"
+	b.Token = expired
+	if err := sandbox.WriteBootstrap(dir, b); err != nil {
+		t.Fatal(err)
+	}
+
+	cur, err := f.get(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cur.DeepCopy())
+	delete(cur.Annotations, clusterv1.StoppedOnPurposeAnnotation)
+	if err := mgmt.Client.Patch(context.Background(), cur, patch); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	eventually(t, 30*time.Second, "the machine running again with a fresh credential, its Lease renewed", func() (bool, error) {
+		cur, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		if !meta.IsStatusConditionTrue(cur.Status.Conditions, clusterv1.MachineInstanceRunningCondition) {
+			return false, fmt.Errorf("InstanceRunning %v", meta.FindStatusCondition(cur.Status.Conditions, clusterv1.MachineInstanceRunningCondition))
+		}
+		b, err := sandbox.ReadBootstrap(dir)
+		if err != nil || b.Token == expired {
+			return false, fmt.Errorf("the sandbox still holds the expired token (%v)", err)
+		}
+		lease := &coordinationv1.Lease{}
+		if err := workload.Client.Get(context.Background(), client.ObjectKey{Namespace: corev1.NamespaceNodeLease, Name: got.Status.NodeRef.Name}, lease); err != nil {
+			return false, err
+		}
+		renewed := lease.Spec.RenewTime != nil && lease.Spec.RenewTime.After(released)
+		return renewed && f.agents(got.UID) == 1, fmt.Errorf("Lease renewed at %v, %d agents", lease.Spec.RenewTime, f.agents(got.UID))
+	})
 }
