@@ -71,6 +71,46 @@ type VersionSetter interface {
 	SetVersions(ctx context.Context, uid types.UID, v Versions) error
 }
 
+// Starter is implemented by a provider whose machines can stop and be
+// started again as they were: a host that rebooted, a process that was
+// killed, a VM powered off outside marina. The machine controller calls it
+// for a machine Get reports InstanceStopped, unless the Machine carries
+// the annotation cluster.marina.dev/stopped-on-purpose (an operator powered
+// it off and wants it off). A provider without it leaves a stopped machine
+// stopped: its Machine says so (InstanceRunning=False, Stopped), and only
+// a person or a MachineHealthCheck replacing it brings the capacity back.
+type Starter interface {
+	// Start starts the stopped machine made for uid again, with what it
+	// already holds: its identity (name, address, providerID), its disk
+	// and data, its certificates and, on a control-plane machine, its
+	// etcd member. It never makes a new machine. It returns once the
+	// machine is on its way (InstanceRunning, or InstancePending while it
+	// boots), not once its workload is healthy: a stacked etcd member
+	// needs the cluster's other members started too before it has a
+	// quorum, and those are started by other calls.
+	//
+	// boot is nil to start the machine with the credentials it holds. A
+	// provider that can tell they no longer work (a worker's node
+	// certificate or token has expired) returns a *BootstrapNeededError,
+	// and the controller calls again with a fresh Bootstrap, which the
+	// provider hands the machine in place of its old one.
+	//
+	// A machine that runs is left as it is (Start is idempotent); one that
+	// does not exist is a *NotFoundError.
+	Start(ctx context.Context, uid types.UID, boot *Bootstrap) (*Instance, error)
+}
+
+// StateWatcher is implemented by a provider that can tell when one of its
+// machines stops or starts on its own (a process that died, a VM powered
+// off outside marina), so that the machine controller looks at it at once
+// rather than on its next pass, which may be hours away.
+type StateWatcher interface {
+	// WatchStates calls changed with the UID of each machine whose state
+	// may have changed, until ctx ends. A false alarm costs one reconcile;
+	// a missed change waits for the next one.
+	WatchStates(ctx context.Context, changed func(types.UID))
+}
+
 // Versions are what a machine's components should run.
 type Versions struct {
 	// Kubelet is the kubelet's version.
@@ -195,8 +235,9 @@ const (
 	InstancePending InstanceState = "Pending"
 	// InstanceRunning: the machine runs.
 	InstanceRunning InstanceState = "Running"
-	// InstanceStopped: the machine exists but does not run (it crashed, or
-	// was stopped outside marina).
+	// InstanceStopped: the machine exists but does not run (it crashed, its
+	// host rebooted, or it was stopped outside marina). A Starter starts it
+	// again.
 	InstanceStopped InstanceState = "Stopped"
 )
 
@@ -229,6 +270,25 @@ func (e *InvalidSpecError) Error() string {
 // IsInvalidSpec reports whether err is (or wraps) an *InvalidSpecError.
 func IsInvalidSpec(err error) bool {
 	var e *InvalidSpecError
+	return errors.As(err, &e)
+}
+
+// BootstrapNeededError says a stopped machine cannot start with the
+// credentials it holds: Start wants a fresh Bootstrap.
+type BootstrapNeededError struct {
+	// Reason says why, e.g. "the node certificate expired on ...". It holds
+	// no secret.
+	Reason string
+}
+
+func (e *BootstrapNeededError) Error() string {
+	return "the machine needs fresh credentials to start: " + e.Reason
+}
+
+// IsBootstrapNeeded reports whether err is (or wraps) a
+// *BootstrapNeededError.
+func IsBootstrapNeeded(err error) bool {
+	var e *BootstrapNeededError
 	return errors.As(err, &e)
 }
 

@@ -62,6 +62,26 @@ const (
 	// control plane answers before it joins (M10).
 	MachineWaitingForControlPlaneReason = "WaitingForControlPlane"
 
+	// MachineInstanceRunningCondition says whether the real machine runs,
+	// as its provider sees it: False while it is stopped (a host reboot, a
+	// killed process), until the machine controller has started it again.
+	MachineInstanceRunningCondition = "InstanceRunning"
+
+	// MachineInstanceRunningReason: the provider reports the machine running.
+	MachineInstanceRunningReason = "Running"
+	// MachineInstancePendingReason: the provider reports the machine booting.
+	MachineInstancePendingReason = "Pending"
+	// MachineStoppedReason: the machine exists but does not run. The
+	// controller starts it again, with the same disk, data, certificates
+	// and etcd member, unless the StoppedOnPurposeAnnotation is set (the
+	// message says which).
+	MachineStoppedReason = "Stopped"
+	// MachineStartFailedReason: the provider could not start the stopped
+	// machine; the controller retries with backoff, the message says why.
+	MachineStartFailedReason = "StartFailed"
+	// MachineStartedReason: the event of a stopped machine started again.
+	MachineStartedReason = "Started"
+
 	// MachineNodeReadyCondition mirrors the Ready condition of the machine's
 	// Node in the workload cluster.
 	MachineNodeReadyCondition = "NodeReady"

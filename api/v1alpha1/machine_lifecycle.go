@@ -22,6 +22,15 @@ const (
 	// before deletion (for a Node that is already gone or must go now).
 	ExcludeNodeDrainingAnnotation = "cluster.marina.dev/exclude-node-draining"
 
+	// StoppedOnPurposeAnnotation ("true") on a Machine says that an
+	// operator stopped the real machine on purpose and wants it to stay
+	// stopped: the machine controller reports it (InstanceRunning=False,
+	// Stopped) but does not start it again, as it otherwise does after a
+	// reboot or a killed process. Remove the annotation to have it
+	// started. A MachineHealthCheck that selects the machine still sees its
+	// Node go NotReady, and may replace it.
+	StoppedOnPurposeAnnotation = "cluster.marina.dev/stopped-on-purpose"
+
 	// RemediationReasonAnnotation is put on a Machine by a MachineHealthCheck
 	// that found it unhealthy and remediated (or, for a machine no set owns,
 	// only marked) it: the reason and message, so that the cause survives

@@ -373,6 +373,7 @@ type MachineObservedVersions struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.versions.kubelet`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeRef.name`
+// +kubebuilder:printcolumn:name="Instance",type=string,JSONPath=`.status.conditions[?(@.type=="InstanceRunning")].reason`
 // +kubebuilder:printcolumn:name="Class",type=string,JSONPath=`.spec.classRef.name`,priority=1
 // +kubebuilder:printcolumn:name="ProviderID",type=string,JSONPath=`.status.providerID`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

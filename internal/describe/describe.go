@@ -131,6 +131,12 @@ func Machine(m *clusterv1.Machine, now time.Time) *Node { return machineNode(m, 
 func machineNode(m *clusterv1.Machine, now time.Time) *Node {
 	n := node("Machine", m.Name, m.Status.Conditions, clusterv1.ReadyCondition, now, m.CreationTimestamp)
 	n.Phase = string(m.Status.Phase)
+	if stopped(m) {
+		// The phase still says Running (it follows the Node, which the
+		// workload cluster marks NotReady only tens of seconds later):
+		// the provider's word is the news.
+		n.Phase = clusterv1.MachineStoppedReason
+	}
 	n.Version = m.Status.Versions.Kubelet
 	if n.Version == "" {
 		n.Version = string(m.Spec.Versions.Kubelet)
@@ -146,6 +152,14 @@ func machineNode(m *clusterv1.Machine, now time.Time) *Node {
 		n.Detail = strings.Join(parts, ", ")
 	}
 	return n
+}
+
+// stopped: the machine's provider reports it stopped (and it is not being
+// started right now, or its start failed).
+func stopped(m *clusterv1.Machine) bool {
+	c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineInstanceRunningCondition)
+	return c != nil && m.DeletionTimestamp.IsZero() && m.Status.FailureReason == "" && c.Status == metav1.ConditionFalse &&
+		(c.Reason == clusterv1.MachineStoppedReason || c.Reason == clusterv1.MachineStartFailedReason)
 }
 
 func node(kind, name string, conds []metav1.Condition, readyType string, now time.Time, created metav1.Time) *Node {

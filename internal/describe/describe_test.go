@@ -120,6 +120,18 @@ func TestDescribeClusterGolden(t *testing.T) {
 			},
 			MachineDeployments: halfDeploys, MachineSets: halfSets,
 		},
+		// Issue 25: a worker whose provider reports it stopped reads
+		// Stopped, with why, though its phase still says Running.
+		"stopped-machine": {
+			Cluster: cluster(clusterv1.ClusterPhaseProvisioned, 3, ready, cpReady, etcdHealth),
+			Machines: []clusterv1.Machine{
+				cpMachine("ha-cp-0", clusterv1.MachinePhaseRunning, true, ready, nodeReady),
+				worker("ha-gpu-0", "", clusterv1.MachinePhaseRunning,
+					cond(clusterv1.ReadyCondition, "False", clusterv1.MachineStoppedReason, "the machine stopped (its host rebooted, or its process was killed): starting it again with its disk, data and certificates"),
+					cond(clusterv1.MachineInstanceRunningCondition, "False", clusterv1.MachineStoppedReason, "the machine stopped (its host rebooted, or its process was killed): starting it again with its disk, data and certificates"),
+					nodeReady),
+			},
+		},
 		"failed-machine": {
 			Cluster: cluster(clusterv1.ClusterPhaseProvisioned, 3, ready, cpReady, etcdHealth),
 			Machines: []clusterv1.Machine{

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -286,6 +287,13 @@ func runDir(ctx context.Context, dir string, t runTiming) error {
 		now := dirSignature(dir)
 		if now == sig {
 			continue
+		}
+		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+			// Its cluster's endpoint was removed under it (a state
+			// directory deleted by hand): nobody would ever stop it, and
+			// it would hold its address for good.
+			log.Info("Load balancer directory removed, stopping", "dir", dir)
+			return nil
 		}
 		// Whatever happens, this state has been seen: a bad config is
 		// logged once, and the next write is read again.

@@ -288,3 +288,38 @@ func tail(dir string) string {
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
 	return strings.Join(lines[max(0, len(lines)-30):], "\n")
 }
+
+// Issue 25: a balancer whose directory is removed under it (a state
+// directory deleted by hand) exits and frees its address, rather than
+// serve for ever with nothing left to stop it.
+func TestBalancerExitsWhenItsDirectoryGoes(t *testing.T) {
+	p := newTestPKI(t)
+	dir := filepath.Join(t.TempDir(), "endpoint")
+	listen := "127.0.0.1:" + strconv.Itoa(testenv.FreePorts(t, 1))
+	if err := WriteDir(dir, FileConfig{Listen: listen}, TLSFiles{CA: p.caPEM, ClientCert: p.clientPEM, ClientKey: p.clientKey}); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := Start(context.Background(), dir, []string{self, "load-balancer"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the balancer to exit", func() error {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("pid %d still there (%v)", pid, err)
+		}
+		return nil
+	})
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatalf("the balancer's address is still taken: %v", err)
+	}
+	l.Close()
+}

@@ -16,7 +16,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"marina.dev/marina/internal/bootstraptoken"
+	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/kubeletconfig"
+	"marina.dev/marina/internal/nodeagent/components"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
@@ -45,6 +47,10 @@ type timing struct {
 	// versionsCheck is how often a control-plane machine's component
 	// versions are read and, when they changed, reported.
 	versionsCheck time.Duration
+	// logCheck is how often the sandbox's logs are looked at, and logMax
+	// the size past which one is cut (see keepLogs).
+	logCheck time.Duration
+	logMax   int64
 }
 
 var defaultTiming = timing{
@@ -57,6 +63,8 @@ var defaultTiming = timing{
 	tokenCheck:         10 * time.Minute,
 	tokenRenewFraction: 0.5,
 	versionsCheck:      2 * time.Second,
+	logCheck:           10 * time.Second,
+	logMax:             10 << 20,
 }
 
 // Run runs the node agent of the sandbox dir until ctx ends. It first takes
@@ -74,6 +82,10 @@ func run(ctx context.Context, dir string, t timing) error {
 		return err
 	}
 	defer lock.Close()
+	go keepLogs(ctx, t, func() []string {
+		logs, _ := filepath.Glob(filepath.Join(dir, components.LogsDir, "*.log"))
+		return append(logs, filepath.Join(dir, sandbox.LogFile))
+	})
 
 	b, err := sandbox.ReadBootstrap(dir)
 	if err != nil {
@@ -116,6 +128,21 @@ func run(ctx context.Context, dir string, t timing) error {
 		}
 	}
 	return a.run(ctx)
+}
+
+// keepLogs bounds the logs of a sandbox or pool until ctx ends (issue 25):
+// its agent.log and each component's logs/<component>.log are cut once
+// larger than logMax (10 MiB), looked at every logCheck (10 s), and the
+// last logMax bytes before a cut are kept in <log>.1. A log takes at most
+// 2*logMax on disk, plus what is written to it in one logCheck.
+func keepLogs(ctx context.Context, t timing, paths func() []string) {
+	if t.logCheck <= 0 {
+		return
+	}
+	log := klog.FromContext(ctx)
+	files.KeepLogs(ctx, t.logCheck, t.logMax, paths, func(path string, err error) {
+		log.Error(err, "Cutting a log failed", "log", path)
+	})
 }
 
 // lockDir takes the agent lock of dir (a sandbox or a pool), made

@@ -1,6 +1,8 @@
 package nodeagent
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"time"
 )
@@ -13,6 +15,10 @@ import (
 type modWatch struct {
 	path string
 	last time.Time
+	// missing: the last look found no file, and said so. A worker's
+	// versions file does not exist until an upgrade writes it: looking
+	// again every second finds nothing new to read.
+	missing bool
 }
 
 // recent is how long after its modification a file still reads as
@@ -22,9 +28,18 @@ const recent = 2 * time.Second
 
 // changed reports whether path may have changed since the last call that
 // returned true. A time within recent counts as changed; so does a path
-// that cannot be read, for the caller to find out why.
+// that cannot be read, for the caller to find out why, and a path that
+// does not exist, once (until it exists again).
 func (w *modWatch) changed() bool {
 	fi, err := os.Stat(w.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		if w.missing {
+			return false
+		}
+		w.last, w.missing = time.Time{}, true
+		return true
+	}
+	w.missing = false
 	if err != nil {
 		w.last = time.Time{}
 		return true
@@ -39,4 +54,4 @@ func (w *modWatch) changed() bool {
 
 // retry makes the next look read the file again: what the caller did with
 // it failed.
-func (w *modWatch) retry() { w.last = time.Time{} }
+func (w *modWatch) retry() { w.last, w.missing = time.Time{}, false }

@@ -13,6 +13,11 @@ func TestModWatch(t *testing.T) {
 	if !w.changed() {
 		t.Error("a missing file reads as unchanged: the caller would never learn it is missing")
 	}
+	// Issue 25: a worker's versions file does not exist until an upgrade
+	// writes it; each worker read it every second all the same.
+	if w.changed() {
+		t.Error("a file still missing reads as changed at every look")
+	}
 	write := func(content string, mtime time.Time) {
 		t.Helper()
 		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
@@ -49,5 +54,12 @@ func TestModWatch(t *testing.T) {
 	}
 	if !w.changed() {
 		t.Error("a removed file reads as unchanged")
+	}
+	if w.changed() {
+		t.Error("a removed file reads as changed again")
+	}
+	write("e", hourAgo)
+	if !w.changed() {
+		t.Error("a file written again after it was removed reads as unchanged")
 	}
 }

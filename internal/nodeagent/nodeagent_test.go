@@ -38,6 +38,8 @@ var fast = timing{
 	// Tokens are renewed in their own test.
 	tokenCheck:         time.Hour,
 	tokenRenewFraction: 0.5,
+	logCheck:           time.Second,
+	logMax:             10 << 20,
 }
 
 func adminClient(t *testing.T) kubernetes.Interface {

@@ -108,11 +108,19 @@ func runPool(ctx context.Context, dir string, t timing) error {
 	defer lock.Close()
 	log := klog.FromContext(ctx).WithValues("pool", dir)
 	log.Info("Starting agent pool")
+	go keepLogs(ctx, t, func() []string { return []string{filepath.Join(dir, sandbox.LogFile)} })
 	p := &pool{dir: dir, t: t, log: log, running: map[string]*member{}}
 	defer p.stopAll()
 	members := modWatch{path: filepath.Join(dir, PoolMembersDir)}
 	for {
 		if members.changed() {
+			if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+				// Removed under it (a state directory deleted by hand):
+				// nobody would stop it, and its members' agents would
+				// keep their Nodes alive.
+				log.Info("Agent pool directory removed, stopping", "members", len(p.running))
+				return nil
+			}
 			p.scan(ctx)
 		}
 		select {
@@ -151,6 +159,14 @@ func (p *pool) scan(ctx context.Context) {
 	want := map[string]bool{}
 	for _, uid := range uids {
 		want[uid] = true
+		r, known := p.running[uid]
+		if known && !r.ended() {
+			// Running: nothing in its file can change that (a new
+			// generation starts only an agent that ended), so it is not
+			// read, as a scan comes every 100 ms while the directory
+			// changes and a pool has hundreds of members.
+			continue
+		}
 		m, err := readMember(filepath.Join(p.dir, PoolMembersDir, uid))
 		if err != nil {
 			if !errors.Is(err, fs.ErrNotExist) {
@@ -158,15 +174,8 @@ func (p *pool) scan(ctx context.Context) {
 			}
 			continue
 		}
-		if r, ok := p.running[uid]; ok {
-			select {
-			case <-r.done:
-				if r.generation == m.Generation {
-					continue // ended; waits for a new start
-				}
-			default:
-				continue // running
-			}
+		if known && r.generation == m.Generation {
+			continue // ended; waits for a new start
 		}
 		p.start(ctx, uid, m)
 	}
@@ -200,6 +209,15 @@ func (p *pool) start(ctx context.Context, uid string, m Member) {
 			p.log.Info("A member's agent ended", "uid", uid, "err", err.Error())
 		}
 	})
+}
+
+func (r *member) ended() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (p *pool) stopAll() {

@@ -18,6 +18,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/files"
+	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/provider"
 )
@@ -43,6 +44,9 @@ type Options struct {
 	// AgentStopTimeout is how long Delete waits after SIGTERM before
 	// SIGKILL; 10s when zero.
 	AgentStopTimeout time.Duration
+	// StateScan is how often WatchStates probes every sandbox for an agent
+	// that stopped or started; 2s when zero.
+	StateScan time.Duration
 	// BinDir holds the components make setup built
 	// (kube-apiserver-<version>, ...): the control-plane versions this
 	// provider can run. Empty: any version is accepted.
@@ -63,6 +67,8 @@ var (
 	_ provider.VersionLister = (*Provider)(nil)
 	_ provider.VersionSetter = (*Provider)(nil)
 	_ provider.MachineLister = (*Provider)(nil)
+	_ provider.Starter       = (*Provider)(nil)
+	_ provider.StateWatcher  = (*Provider)(nil)
 )
 
 // New returns a local provider keeping its sandboxes under opts.Root.
@@ -85,6 +91,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.AgentStopTimeout == 0 {
 		opts.AgentStopTimeout = 10 * time.Second
+	}
+	if opts.StateScan == 0 {
+		opts.StateScan = defaultStateScan
 	}
 	opts.AgentCommand = append([]string(nil), opts.AgentCommand...)
 	opts.LoadBalancerCommand = append([]string(nil), opts.LoadBalancerCommand...)
@@ -174,35 +183,75 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 		return nil, err
 	}
 
-	poolDir, err := poolOf(dir)
+	if err := p.ensureRunning(ctx, req.UID, dir, boot, &req.Bootstrap); err != nil {
+		return nil, fmt.Errorf("starting the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
+	}
+	return instance(boot, provider.InstanceRunning), nil
+}
+
+// Start implements provider.Starter: it starts the agent of a stopped
+// machine from its sandbox, which holds everything the machine had (its
+// address, Node name, certificates, and on a control-plane machine its
+// etcd data and member). A worker whose credential no longer works (see
+// nodeagent.CheckCredential) is refused with a *BootstrapNeededError
+// unless boot carries a fresh one. It returns once the agent holds its
+// lock, before its components run: a stacked etcd member waits for its
+// peers' starts, never Start.
+func (p *Provider) Start(ctx context.Context, uid types.UID, boot *provider.Bootstrap) (*provider.Instance, error) {
+	if err := checkUID(uid); err != nil {
+		return nil, err
+	}
+	defer p.lock(uid)()
+	dir := p.sandboxDir(uid)
+	b, err := sandbox.ReadBootstrap(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, &provider.NotFoundError{UID: uid}
+	}
 	if err != nil {
 		return nil, err
 	}
+	if err := p.ensureRunning(ctx, uid, dir, b, boot); err != nil {
+		return nil, fmt.Errorf("starting the agent of machine %s: %w", uid, err)
+	}
+	return instance(b, provider.InstanceRunning), nil
+}
+
+// ensureRunning starts the agent of sandbox dir unless one runs (a pooled
+// machine's in its pool). fresh, when it holds a token, replaces the
+// server, CA and token the worker joins with; nil, the worker must be able
+// to start with what it holds. Called under uid's lock.
+func (p *Provider) ensureRunning(ctx context.Context, uid types.UID, dir string, boot *sandbox.Bootstrap, fresh *provider.Bootstrap) error {
+	poolDir, err := poolOf(dir)
+	if err != nil {
+		return err
+	}
 	running, err := sandbox.Held(dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if running {
 		if poolDir == "" {
 			p.repairPIDFile(dir)
 		}
-		return instance(boot, provider.InstanceRunning), nil
+		return nil
 	}
-	if req.Bootstrap.Token != "" && credentialsChanged(boot, req.Bootstrap) {
-		boot.Server, boot.CAPEM, boot.Token = req.Bootstrap.Server, string(req.Bootstrap.CAData), req.Bootstrap.Token
-		if err := sandbox.WriteBootstrap(dir, boot); err != nil {
-			return nil, fmt.Errorf("refreshing the bootstrap of machine %s/%s: %w", req.Namespace, req.Name, err)
+	switch {
+	case fresh != nil && fresh.Token != "":
+		if credentialsChanged(boot, *fresh) {
+			boot.Server, boot.CAPEM, boot.Token = fresh.Server, string(fresh.CAData), fresh.Token
+			if err := sandbox.WriteBootstrap(dir, boot); err != nil {
+				return fmt.Errorf("refreshing the bootstrap: %w", err)
+			}
+		}
+	case fresh == nil:
+		if err := nodeagent.CheckCredential(dir, boot, time.Now()); err != nil {
+			return &provider.BootstrapNeededError{Reason: err.Error()}
 		}
 	}
 	if poolDir != "" {
-		err = p.startMember(ctx, req.UID, dir, poolDir)
-	} else {
-		err = p.startAgent(ctx, dir, sandboxFlag)
+		return p.startMember(ctx, uid, dir, poolDir)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("starting the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
-	}
-	return instance(boot, provider.InstanceRunning), nil
+	return p.startAgent(ctx, dir, sandboxFlag)
 }
 
 // Get implements provider.Provider. The machine is Running while its agent

@@ -87,6 +87,12 @@ spec:
 			t.Fatalf("kubectl apply: %v\n%s", err, out)
 		}
 		victim := controlPlaneMachines(t, ctx, c, key)[2]
+		// Stopped on purpose: a machine merely killed is started again by
+		// the machine controller (issue 25), and the check would not see
+		// it die.
+		if out, err := u.kubectl(t, "annotate", "machine", victim.Name, clusterv1.StoppedOnPurposeAnnotation+"=true"); err != nil {
+			t.Fatalf("kubectl annotate: %v\n%s", err, out)
+		}
 		dir := filepath.Join(root, string(victim.UID))
 		data, err := os.ReadFile(filepath.Join(dir, "agent.pid"))
 		if err != nil {

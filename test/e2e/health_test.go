@@ -27,8 +27,10 @@ import (
 //     network partition would look). Their Nodes go Unknown; the check
 //     says it holds back, with the counts, and deletes nothing. Let go on,
 //     all ten are healthy again and every one is the same machine.
-//   - One worker's agent killed (SIGKILL): the check marks it, its
-//     MachineSet replaces it, and the cluster is back to ten Ready workers.
+//   - One worker's agent killed (SIGKILL), the machine annotated as
+//     stopped on purpose (or marina would start it again): the check
+//     marks it, its MachineSet replaces it, and the cluster is back to ten
+//     Ready workers.
 func TestUpRemediatesADeadWorkerButNotAStorm(t *testing.T) {
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
@@ -132,6 +134,12 @@ func TestUpRemediatesADeadWorkerButNotAStorm(t *testing.T) {
 
 	t.Run("a dead worker is replaced by its set", func(t *testing.T) {
 		victim := workers[9]
+		// A machine that is merely killed is started again by the machine
+		// controller (issue 25); one an operator stopped on purpose is
+		// left dead, for the check to find.
+		if out, err := u.kubectl(t, "annotate", "machine", victim.Name, clusterv1.StoppedOnPurposeAnnotation+"=true"); err != nil {
+			t.Fatalf("kubectl annotate: %v\n%s", err, out)
+		}
 		dir := filepath.Join(root, string(victim.UID))
 		data, err := os.ReadFile(filepath.Join(dir, "agent.pid"))
 		if err != nil {

@@ -49,19 +49,20 @@ var errEnsuring = errors.New("another worker is setting the workload cluster up"
 // bootstrapFor produces what the machine needs to join its cluster: for a
 // control-plane machine, the control plane's document (it needs no running
 // API server: the first one makes it); for the others, a token of the
-// running cluster. A nil Bootstrap means not yet; the condition says why.
-func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine) (*provider.Bootstrap, ctrl.Result, error) {
+// running cluster. A nil Bootstrap means not yet; condition t (Provisioned
+// for a new machine, InstanceRunning for a stopped one) says why.
+func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine, t string) (*provider.Bootstrap, ctrl.Result, error) {
 	if hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) && r.opts.ControlPlaneBootstrap != nil {
 		doc, err := r.opts.ControlPlaneBootstrap(ctx, m)
 		if err != nil {
-			setCondition(m, clusterv1.MachineProvisionedCondition, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
+			setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
 				fmt.Sprintf("waiting for the control plane's configuration (retrying): %v", err))
 			setReady(m)
 			return nil, ctrl.Result{}, fmt.Errorf("control-plane bootstrap: %w", err)
 		}
 		return &provider.Bootstrap{ControlPlane: doc}, ctrl.Result{}, nil
 	}
-	cl, res, err := r.cluster(ctx, m, clusterv1.MachineProvisionedCondition)
+	cl, res, err := r.cluster(ctx, m, t)
 	if cl == nil {
 		return nil, res, err
 	}

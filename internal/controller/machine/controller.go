@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -59,7 +60,8 @@ type Reconciler struct {
 	clusters *remote.Cache
 	recorder recorder.EventRecorder
 	opts     Options
-	// nodeEvents carries Node changes from workload clusters to the queue.
+	// nodeEvents carries Node changes from workload clusters, and machines
+	// a provider saw stop or start, to the queue.
 	nodeEvents chan event.TypedGenericEvent[*clusterv1.Machine]
 	// done ends blocked sends to nodeEvents when the manager stops.
 	done     <-chan struct{}
@@ -72,6 +74,7 @@ type Reconciler struct {
 const (
 	classNameIndex  = "spec.classRef.name"
 	providerIDIndex = "status.providerID"
+	uidIndex        = "metadata.uid"
 )
 
 // errCrash is what a test crash hook returns.
@@ -106,6 +109,16 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 	}
 	if err := mgr.Add(stopOnExit{r.clusters}); err != nil {
 		return nil, err
+	}
+	for _, p := range opts.Providers.Providers() {
+		if w, ok := p.(provider.StateWatcher); ok {
+			if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+				w.WatchStates(ctx, r.instanceChanged)
+				return nil
+			})); err != nil {
+				return nil, err
+			}
+		}
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&clusterv1.Machine{}).
@@ -172,10 +185,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if r.crashed("after-metadata") {
 		return ctrl.Result{}, errCrash
 	}
-	return r.reconcileNormal(ctx, m, prov)
+	return r.reconcileNormal(ctx, before, m, prov)
 }
 
-// patchStatus writes the status once, and only when it changed.
+// patchStatus writes the status when it changed since before, and then
+// makes before's status m's, so that a later call writes only what changed
+// after this one (the deferred write of a pass that reported a stopped
+// machine before starting it).
 func (r *Reconciler) patchStatus(ctx context.Context, before, m *clusterv1.Machine) error {
 	m.Status.Phase = phaseOf(m)
 	m.Status.ObservedGeneration = m.Generation
@@ -188,6 +204,7 @@ func (r *Reconciler) patchStatus(ctx context.Context, before, m *clusterv1.Machi
 		}
 		return fmt.Errorf("writing status of machine %s: %w", klog.KObj(m), err)
 	}
+	m.Status.DeepCopyInto(&before.Status)
 	return nil
 }
 

@@ -418,13 +418,17 @@ func TestLegacyFinalizerIsReplacedAndHonoured(t *testing.T) {
 }
 
 // A killed agent stops heartbeating: the real node lifecycle controller
-// marks the Node's Ready condition Unknown, and the Machine shows it.
+// marks the Node's Ready condition Unknown, and the Machine shows it. (The
+// machine is one an operator stopped on purpose: any other is started
+// again at once, TestKilledAgentIsStartedAgain.)
 func TestKilledAgentTurnsNodeAndMachineUnknown(t *testing.T) {
 	testenv.StartControllerManager(t, workload, []string{"node-lifecycle-controller"},
 		"--node-monitor-grace-period=8s", "--node-monitor-period=1s")
 	f := newFixture(t)
 	f.startController(Options{})
-	m := f.create(f.machine("killed", ""))
+	m := f.machine("killed", "")
+	m.Annotations = map[string]string{clusterv1.StoppedOnPurposeAnnotation: "true"}
+	m = f.create(m)
 	got := f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
 	pid, err := f.provider.AgentPID(got.UID)
 	if err != nil {

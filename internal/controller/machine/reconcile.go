@@ -121,7 +121,7 @@ func equalMetadata(a, b *clusterv1.Machine) bool {
 }
 
 // reconcileNormal: resolve the configuration, provision, then follow the Node.
-func (r *Reconciler) reconcileNormal(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (ctrl.Result, error) {
+func (r *Reconciler) reconcileNormal(ctx context.Context, before, m *clusterv1.Machine, prov provider.Provider) (ctrl.Result, error) {
 	if m.Status.FailureReason == clusterv1.MachineVanishedReason {
 		return ctrl.Result{}, nil
 	}
@@ -137,8 +137,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, m *clusterv1.Machine, 
 		if res, err := r.provision(ctx, m, prov, resolved); err != nil || m.Status.ProviderID == "" {
 			return res, err
 		}
-	} else if err := r.describe(ctx, m, prov); err != nil || m.Status.FailureReason != "" {
+	} else if inst, err := r.describe(ctx, m, prov); err != nil || m.Status.FailureReason != "" {
 		return ctrl.Result{}, err
+	} else if res, err := r.reconcileInstance(ctx, before, m, prov, inst); err != nil || !res.IsZero() {
+		return res, err
 	} else if err := r.setVersions(ctx, m, prov); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -218,7 +220,7 @@ func (r *Reconciler) refuse(m *clusterv1.Machine, reason, msg string) {
 // machine's UID, so a controller killed after Create but before the status
 // write gets the same machine back on the next try, never a second one.
 func (r *Reconciler) provision(ctx context.Context, m *clusterv1.Machine, prov provider.Provider, resolved *class.Resolved) (ctrl.Result, error) {
-	boot, res, err := r.bootstrapFor(ctx, m)
+	boot, res, err := r.bootstrapFor(ctx, m, clusterv1.MachineProvisionedCondition)
 	if boot == nil {
 		return res, err
 	}
@@ -249,26 +251,29 @@ func (r *Reconciler) provision(ctx context.Context, m *clusterv1.Machine, prov p
 	m.Status.ProviderID = inst.ProviderID
 	m.Status.Addresses = inst.Addresses
 	setCondition(m, clusterv1.MachineProvisionedCondition, metav1.ConditionTrue, clusterv1.MachineProvisionedReason, "")
+	setInstanceState(m, inst.State)
 	return ctrl.Result{}, nil
 }
 
-// describe checks that a provisioned machine still exists. One that vanished
-// outside marina is reported and left alone: re-creating it silently would
-// hide the loss and could resurrect a machine an operator removed on purpose.
-func (r *Reconciler) describe(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) error {
+// describe checks that a provisioned machine still exists, and returns
+// what its provider says of it. One that vanished outside marina is
+// reported and left alone (a nil Instance): re-creating it silently would
+// hide the loss and could resurrect a machine an operator removed on
+// purpose. One that exists but stopped is reconcileInstance's.
+func (r *Reconciler) describe(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (*provider.Instance, error) {
 	inst, err := prov.Get(ctx, m.UID)
 	if provider.IsNotFound(err) {
 		msg := fmt.Sprintf("the machine %s no longer exists at provider %s; marina does not re-create it: delete this Machine (its MachineSet replaces it)",
 			m.Status.ProviderID, prov.Name())
 		fail(m, clusterv1.MachineVanishedReason, msg)
 		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineVanishedReason, "Describe", "%s", msg)
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("describing machine with provider %s: %w", prov.Name(), err)
+		return nil, fmt.Errorf("describing machine with provider %s: %w", prov.Name(), err)
 	}
 	m.Status.Addresses = inst.Addresses
-	return nil
+	return inst, nil
 }
 
 // reconcileNode finds the machine's Node by providerID, records it, mirrors

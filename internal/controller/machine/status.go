@@ -83,9 +83,16 @@ func setNodeReady(m *clusterv1.Machine, node *corev1.Node) {
 	setReady(m)
 }
 
-// setReady summarises: a machine is Ready when it runs and its Node is ready.
+// setReady summarises: a machine is Ready when it runs and its Node is
+// ready. A machine that does not run says so first: its Node says only
+// NotReady, and not until the workload cluster notices, tens of seconds
+// later.
 func setReady(m *clusterv1.Machine) {
 	if m.Status.FailureReason != "" {
+		return
+	}
+	if c := instanceDown(m); c != nil {
+		setCondition(m, clusterv1.ReadyCondition, metav1.ConditionFalse, c.Reason, c.Message)
 		return
 	}
 	if meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineNodeReadyCondition) {

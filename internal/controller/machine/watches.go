@@ -29,6 +29,7 @@ func indexMachines(ctx context.Context, mgr ctrl.Manager) error {
 			}
 			return nil
 		},
+		uidIndex: func(o client.Object) []string { return []string{string(o.GetUID())} },
 		providerIDIndex: func(o client.Object) []string {
 			if id := o.(*clusterv1.Machine).Status.ProviderID; id != "" {
 				return []string{id}
@@ -104,6 +105,23 @@ func (r *Reconciler) nodeChanged(e remote.NodeEvent) {
 		client.MatchingFields{providerIDIndex: e.Node.Spec.ProviderID})
 	if err != nil {
 		ctrl.Log.WithName("machine").Error(err, "Listing machines for a node event", "node", e.Node.Name)
+		return
+	}
+	for i := range list.Items {
+		select {
+		case r.nodeEvents <- event.TypedGenericEvent[*clusterv1.Machine]{Object: &list.Items[i]}:
+		case <-r.done:
+			return
+		}
+	}
+}
+
+// instanceChanged runs on a provider's StateWatcher goroutine: it queues
+// the machine the provider saw stop or start.
+func (r *Reconciler) instanceChanged(uid types.UID) {
+	list := &clusterv1.MachineList{}
+	if err := r.client.List(context.Background(), list, client.MatchingFields{uidIndex: string(uid)}); err != nil {
+		ctrl.Log.WithName("machine").Error(err, "Listing machines for a provider's state change", "uid", uid)
 		return
 	}
 	for i := range list.Items {

@@ -143,9 +143,24 @@ func waitReady(t *testing.T, ns string, want int, timeout time.Duration) map[str
 }
 
 // killAgent kills the node agent of a machine by its PID, as a crashed
-// kubelet: its Node stops heartbeating.
+// kubelet: its Node stops heartbeating. The machine is first annotated as
+// stopped on purpose: a machine merely killed is started again by the
+// machine controller within seconds (issue 25), and the check would never
+// see its Node go Unknown.
 func killAgent(t *testing.T, f *localenv.Fixture, m *clusterv1.Machine) {
 	t.Helper()
+	cur := &clusterv1.Machine{}
+	if err := mgmt.Client.Get(context.Background(), client.ObjectKeyFromObject(m), cur); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cur.DeepCopy())
+	if cur.Annotations == nil {
+		cur.Annotations = map[string]string{}
+	}
+	cur.Annotations[clusterv1.StoppedOnPurposeAnnotation] = "true"
+	if err := mgmt.Client.Patch(context.Background(), cur, patch); err != nil {
+		t.Fatalf("annotating %s stopped on purpose: %v", m.Name, err)
+	}
 	pid, err := f.Provider.AgentPID(m.UID)
 	if err != nil {
 		t.Fatalf("finding the agent of %s: %v", m.Name, err)
