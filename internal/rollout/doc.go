@@ -20,7 +20,11 @@
 //     replicas + maxSurge.
 //   - Old sets shrink while at least replicas - maxUnavailable machines stay
 //     available. Old machines that are not available go first: removing them
-//     costs no availability.
+//     costs no availability. This holds only because a MachineSet deletes by
+//     the same definition of available (machineset.DeletionOrder: not Ready,
+//     then Ready for less than minReadySeconds, before available machines);
+//     the property test plays rollouts through the set's real counting and
+//     deletion order to keep the two in agreement.
 //   - A template changed in the middle of a rollout makes the previous "new"
 //     set one more old set; a replicas change during a rollout is absorbed by
 //     the same two bounds (no proportional scaling: every extra machine goes

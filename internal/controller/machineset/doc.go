@@ -2,8 +2,8 @@
 // Machines built from spec.template, like a ReplicaSet keeps pods. It adopts
 // orphan machines that match the selector and releases those that stop
 // matching (controller owner references); it removes machines in the order
-// of DeletionOrder (annotated first, then failed or not Ready ones, then by
-// deletePolicy); every removal is a Machine deletion, so the machine
+// of DeletionOrder (annotated first, then failed or not Ready ones, then
+// those Ready for less than minReadySeconds, then by deletePolicy); every removal is a Machine deletion, so the machine
 // controller drains the Node first. It creates and deletes nothing while
 // the Cluster is paused or being deleted, or while the template's labels do
 // not match the selector.
