@@ -27,6 +27,9 @@ type Counts struct {
 	// NextAvailable is how long until the next Ready machine becomes
 	// available; 0 when none waits.
 	NextAvailable time.Duration
+	// Marked counts machines not being deleted that carry the
+	// delete-machine annotation.
+	Marked int32
 }
 
 // Count counts machines as a set's or deployment's status reports them.
@@ -37,6 +40,9 @@ func Count(machines []*clusterv1.Machine, minReadySeconds int32, now time.Time) 
 		if !m.DeletionTimestamp.IsZero() {
 			c.Deleting++
 			continue
+		}
+		if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; ok {
+			c.Marked++
 		}
 		ready, wait := availability(m, minReadySeconds, now)
 		if !ready {
