@@ -320,3 +320,43 @@ func TestTemplateAndScaleChangeMidRollout(t *testing.T) {
 		return nil
 	})
 }
+
+// A scale-up during a rollout that is stuck (the new template's machines
+// never get Ready) is spread over the sets in proportion to their sizes,
+// as a Deployment's is: the old template, which works, gets its share,
+// instead of every new machine going to the template that does not.
+func TestScaleUpDuringStuckRolloutIsProportional(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f)
+	md := newDeployment(f, "stuck", 2, 1, 0)
+	create(t, md)
+	waitSettled(t, md, 2, "v1", rollTimeout)
+	update(t, md, func(md *clusterv1.MachineDeployment) {
+		md.Spec.Template.Spec.ProviderSpec = nil
+		md.Spec.Template.Spec.ClassRef = &clusterv1.MachineClassReference{Name: "no-such-class-" + f.NS}
+	})
+	testenv.Eventually(t, time.Minute, "the rollout to be stuck on one new machine", func() error {
+		if n := len(machinesIn(t, f.NS)); n != 3 {
+			return fmt.Errorf("%d machines", n)
+		}
+		return nil
+	})
+	scaleTo(t, md, 4)
+	// 5 machines allowed (4 + maxSurge 1) for the 3 the sets hold: the old
+	// set 2*5/3 -> 3, the new one 1*5/3 -> 2.
+	testenv.Eventually(t, rollTimeout, "the old template to get its share of the scale-up", func() error {
+		var oldReady, newMachines int
+		for _, m := range machinesIn(t, f.NS) {
+			switch {
+			case m.Spec.ClassRef != nil:
+				newMachines++
+			case m.DeletionTimestamp.IsZero() && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.ReadyCondition):
+				oldReady++
+			}
+		}
+		if oldReady != 3 || newMachines != 2 {
+			return fmt.Errorf("%d Ready machines of the old template (want 3), %d of the stuck one (want 2)", oldReady, newMachines)
+		}
+		return nil
+	})
+}
