@@ -16,7 +16,9 @@
 // process made about the set since it last read them from the API server;
 // otherwise, and on each set's first pass after the process starts, they
 // are listed from the API server, which shows every acknowledged write.
-// This is a ReplicaSet's expectations bookkeeping with a live list as the
+// A create that fails in a way that leaves open whether the API server
+// committed it (a timeout, a lost connection) makes the next pass list live
+// too. This is a ReplicaSet's expectations bookkeeping with a live list as the
 // fallback instead of a timeout, so a restart, which forgets the
 // bookkeeping, costs one list per set. Listing live on every pass was
 // measured to cost a fleet of 1,010 machines in one namespace most of its

@@ -274,9 +274,14 @@ func (r *Reconciler) createMachines(ctx context.Context, s *scope, n int) error 
 		}
 		wg.Wait()
 		for i, m := range made {
-			if errs[i] == nil {
+			switch {
+			case errs[i] == nil:
 				r.writes.wrote(s.ms.UID, m.Name, m.ResourceVersion)
 				s.machines = append(s.machines, m)
+			case ambiguous(errs[i]):
+				// Perhaps made after all: the next pass lists live rather
+				// than trust a cache that may never show it to have been.
+				r.writes.unsure(s.ms.UID)
 			}
 		}
 		if err := errors.Join(errs...); err != nil {
