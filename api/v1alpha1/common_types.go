@@ -44,6 +44,22 @@ const (
 	// rollback) gets a new, higher revision.
 	RevisionAnnotation = GroupName + "/revision"
 
+	// UpstreamRevisionAnnotation carries the same revision as
+	// RevisionAnnotation, on the same objects, under upstream Cluster API's
+	// key. cluster-autoscaler's clusterapi provider reads this exact key
+	// whatever its CAPI_GROUP: without it on the MachineSets it takes every
+	// MachineDeployment for one that is rolling out, and never scales it
+	// down (docs/autoscaling.md). Set by the controller; do not edit.
+	UpstreamRevisionAnnotation = "machinedeployment.clusters.x-k8s.io/revision"
+
+	// DesiredReplicasAnnotation on a MachineSet made by a MachineDeployment
+	// is the deployment's spec.replicas when the set's replicas were last
+	// written. A set whose value differs from the deployment's replicas
+	// tells the controller the deployment was scaled since, which it then
+	// spreads over its sets in proportion to their sizes, as a Deployment's
+	// desired-replicas annotation does. Set by the controller; do not edit.
+	DesiredReplicasAnnotation = GroupName + "/desired-replicas"
+
 	// RollbackToRevisionAnnotation on a MachineDeployment asks the controller
 	// to put back the template of an earlier revision (the number of a
 	// MachineSet's revision annotation, or "0" for the one before the

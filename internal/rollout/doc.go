@@ -20,11 +20,20 @@
 //     replicas + maxSurge.
 //   - Old sets shrink while at least replicas - maxUnavailable machines stay
 //     available. Old machines that are not available go first: removing them
-//     costs no availability.
+//     costs no availability. This holds only because a MachineSet deletes by
+//     the same definition of available (machineset.DeletionOrder: not Ready,
+//     then Ready for less than minReadySeconds, before available machines);
+//     the property test plays rollouts through the set's real counting and
+//     deletion order to keep the two in agreement.
 //   - A template changed in the middle of a rollout makes the previous "new"
-//     set one more old set; a replicas change during a rollout is absorbed by
-//     the same two bounds (no proportional scaling: every extra machine goes
-//     to the new set, every removal comes from old ones first).
+//     set one more old set.
+//   - A replicas change in the middle of a rollout is spread over the sets
+//     in proportion to their sizes (Scale), as Deployments do, so that a
+//     scale-up during a stuck rollout does not put every new machine on the
+//     template that is stuck. Each set records the deployment replicas it
+//     was sized for, which is how a later pass tells a scaling from the
+//     steps of the rollout. A scale-down first removes the machines marked
+//     for deletion (cluster-autoscaler's pick), in whichever set they are.
 //
 // Unlike pods, machines take a while to go: a machine being deleted still
 // holds its capacity, and still counts towards replicas + maxSurge. The

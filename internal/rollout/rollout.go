@@ -26,6 +26,12 @@ type Set struct {
 	Available int32
 	// Revision orders old sets: lower revisions are scaled down first.
 	Revision int64
+	// Marked is how many of the set's machines, not being deleted, carry
+	// the delete-machine annotation: those a scale-down is to remove.
+	Marked int32
+	// ScaledFor is the deployment's replicas when the set's replicas were
+	// last written (its desired-replicas annotation); 0 when unknown.
+	ScaledFor int32
 }
 
 // Input is the observed state of a deployment.
@@ -245,4 +251,124 @@ func OnDelete(in Input) Plan {
 	}
 	plan.NewReplicas = in.Replicas - total
 	return plan
+}
+
+// Scale spreads a change of the deployment's replicas made in the middle
+// of a rolling update over its sets, as a Deployment's proportional
+// scaling does, and reports whether there was one to spread. There is when
+// a set with replicas was sized for other deployment replicas than
+// in.Replicas (ScaledFor), at least two sets have replicas, and the new
+// set is not already complete; otherwise ok is false and RollingUpdate
+// decides alone. A scale-up during a stuck rollout so grows the old sets
+// too, instead of putting every new machine on a template that does not
+// work.
+//
+// The sets with replicas are scaled by one factor, so that together they
+// hold replicas + maxSurge (none when replicas is 0): each gets
+// round(size * (replicas + maxSurge) / total) replicas, and what rounding
+// leaves over goes to the largest set (among equals, the newest when
+// growing and the oldest when shrinking). A scale-down first takes machines
+// marked for deletion, from whichever set holds them, up to the number of
+// replicas the deployment lost: that is how cluster-autoscaler removes the
+// node it chose (it marks the machine, then lowers replicas), and a marked
+// machine of the new set is removed rather than an old one. A scale-down
+// never grows a set, nor a scale-up shrink one; a scale-up grows the sets
+// by no more than machines being deleted leave room for under
+// replicas + maxSurge.
+func Scale(in Input) (plan Plan, ok bool, err error) {
+	surge, _, err := Bounds(in.Replicas, in.MaxSurge, in.MaxUnavailable)
+	if err != nil {
+		return Plan{}, false, err
+	}
+	if in.New == nil || in.New.Replicas == in.Replicas && in.New.Available >= in.Replicas {
+		return Plan{}, false, nil
+	}
+	type sized struct {
+		Set
+		size int32
+	}
+	var sets []*sized
+	var scaledFor int32
+	changed := false
+	for _, s := range append([]Set{*in.New}, in.Old...) {
+		if s.Replicas <= 0 {
+			continue
+		}
+		sets = append(sets, &sized{Set: s, size: s.Replicas})
+		if s.ScaledFor != 0 && s.ScaledFor != in.Replicas {
+			changed = true
+			scaledFor = max(scaledFor, s.ScaledFor)
+		}
+	}
+	if !changed || len(sets) < 2 {
+		return Plan{}, false, nil
+	}
+	// Marked machines first, newest set first (the new set's are the ones
+	// old-first shrinking would never reach).
+	sort.SliceStable(sets, func(i, j int) bool { return sets[i].Revision > sets[j].Revision })
+	down := max(scaledFor-in.Replicas, 0)
+	for _, s := range sets {
+		cut := min(s.Marked, s.size, down)
+		s.size -= cut
+		down -= cut
+	}
+	var total int32
+	for _, s := range sets {
+		total += s.size
+	}
+	allowed := int32(0)
+	if in.Replicas > 0 {
+		allowed = in.Replicas + surge
+	}
+	add := allowed - total
+	switch {
+	case in.Replicas < scaledFor:
+		add = min(add, 0)
+	case in.Replicas > scaledFor:
+		// Machines still draining hold their capacity against the surge
+		// bound, as in RollingUpdate: growth waits for them, and what is
+		// given up here the rollout adds later.
+		footprints := footprint(*in.New)
+		for _, s := range in.Old {
+			footprints += footprint(s)
+		}
+		add = max(min(add, allowed-footprints), 0)
+	}
+	if add != 0 && total > 0 {
+		sort.SliceStable(sets, func(i, j int) bool {
+			if sets[i].size != sets[j].size {
+				return sets[i].size > sets[j].size
+			}
+			if add > 0 {
+				return sets[i].Revision > sets[j].Revision
+			}
+			return sets[i].Revision < sets[j].Revision
+		})
+		var added int32
+		target := make([]int32, len(sets))
+		for i, s := range sets {
+			share := int32(math.Round(float64(s.size)*float64(allowed)/float64(total))) - s.size
+			if add > 0 {
+				share = min(share, add-added)
+			} else {
+				share = max(share, add-added)
+			}
+			target[i] = s.size + share
+			added += share
+		}
+		target[0] = max(target[0]+add-added, 0)
+		for i, s := range sets {
+			s.size = target[i]
+		}
+	}
+	plan = Plan{NewReplicas: in.New.Replicas, Old: map[string]int32{}}
+	for _, s := range sets {
+		switch {
+		case s.Name == in.New.Name:
+			plan.NewReplicas = s.size
+		case s.size != s.Replicas:
+			plan.Old[s.Name] = s.size
+		}
+	}
+	return plan, true, nil
 }

@@ -292,3 +292,104 @@ func TestRollingUpdateConverges(t *testing.T) {
 		})
 	}
 }
+
+// sized is a set of a deployment last scaled to scaledFor replicas.
+func sized(s Set, scaledFor int32) Set { s.ScaledFor = scaledFor; return s }
+
+func TestScale(t *testing.T) {
+	stuck := func(replicas, scaledFor int32) *Set {
+		return &Set{Name: "b", Revision: 2, Replicas: replicas, Actual: replicas, ScaledFor: scaledFor}
+	}
+	tests := []struct {
+		name   string
+		in     Input
+		want   Plan
+		wantOK bool
+	}{
+		{
+			name: "scaled up during a stuck rollout: the new capacity is spread, not all on the stuck template",
+			in: Input{Replicas: 20, MaxSurge: num(2), MaxUnavailable: num(0),
+				New: stuck(2, 10), Old: []Set{sized(set("a", 1, 10), 10)}},
+			// 22 machines allowed, 12 held: a 10*22/12 = 18, b 2*22/12 = 4.
+			want: Plan{NewReplicas: 4, Old: map[string]int32{"a": 18}}, wantOK: true,
+		},
+		{
+			name: "scaled up while old machines drain: growth stays within the surge",
+			in: Input{Replicas: 20, MaxSurge: num(2), MaxUnavailable: num(0),
+				New: stuck(2, 10), Old: []Set{sized(Set{Name: "a", Revision: 1, Replicas: 10, Actual: 14, Deleting: 4, Available: 10}, 10)}},
+			// 22 allowed, 16 machines: 6 more, a 10*22/12 = 18 -> +6, b none.
+			want: Plan{NewReplicas: 2, Old: map[string]int32{"a": 16}}, wantOK: true,
+		},
+		{
+			name: "scaled down during a rollout: proportionally, the largest set absorbs the rounding",
+			in: Input{Replicas: 5, MaxSurge: num(1), MaxUnavailable: num(0),
+				New: &Set{Name: "b", Revision: 2, Replicas: 3, Actual: 3, Available: 3, ScaledFor: 10}, Old: []Set{sized(set("a", 1, 8), 10)}},
+			// 6 allowed, 11 held: a 8*6/11 = 4.36 -> 4, b 3*6/11 = 1.6 -> 2.
+			want: Plan{NewReplicas: 2, Old: map[string]int32{"a": 4}}, wantOK: true,
+		},
+		{
+			name: "the autoscaler marked a new machine and lowered replicas: the new set gives it up",
+			in: Input{Replicas: 3, MaxSurge: num(1), MaxUnavailable: num(0),
+				New: &Set{Name: "b", Revision: 2, Replicas: 2, Actual: 2, Available: 2, Marked: 1, ScaledFor: 4}, Old: []Set{sized(set("a", 1, 2), 4)}},
+			want: Plan{NewReplicas: 1}, wantOK: true,
+		},
+		{
+			name: "a marked old machine goes from its old set",
+			in: Input{Replicas: 3, MaxSurge: num(1), MaxUnavailable: num(0),
+				New: &Set{Name: "b", Revision: 2, Replicas: 2, Actual: 2, Available: 2, ScaledFor: 4}, Old: []Set{{Name: "a", Revision: 1, Replicas: 2, Actual: 2, Available: 2, Marked: 1, ScaledFor: 4}}},
+			want: Plan{NewReplicas: 2, Old: map[string]int32{"a": 1}}, wantOK: true,
+		},
+		{
+			name: "marked machines beyond the scale-down are left to the rollout",
+			in: Input{Replicas: 3, MaxSurge: num(1), MaxUnavailable: num(0),
+				New: &Set{Name: "b", Revision: 2, Replicas: 2, Actual: 2, Available: 2, Marked: 2, ScaledFor: 4}, Old: []Set{sized(set("a", 1, 2), 4)}},
+			want: Plan{NewReplicas: 1}, wantOK: true,
+		},
+		{
+			name: "scaled to zero: every set to zero",
+			in: Input{Replicas: 0, MaxSurge: num(1), MaxUnavailable: num(0),
+				New: stuck(2, 4), Old: []Set{sized(set("a", 1, 3), 4)}},
+			want: Plan{NewReplicas: 0, Old: map[string]int32{"a": 0}}, wantOK: true,
+		},
+		{
+			name: "no scaling: the sets were sized for these replicas",
+			in: Input{Replicas: 10, MaxSurge: num(2), MaxUnavailable: num(0),
+				New: stuck(2, 10), Old: []Set{sized(set("a", 1, 10), 10)}},
+		},
+		{
+			name: "sets of an older marina record nothing: no scaling",
+			in: Input{Replicas: 20, MaxSurge: num(2), MaxUnavailable: num(0),
+				New: stuck(2, 0), Old: []Set{set("a", 1, 10)}},
+		},
+		{
+			name: "only one set has replicas: the rolling update decides",
+			in: Input{Replicas: 20, MaxSurge: num(2), MaxUnavailable: num(0),
+				New: stuck(10, 10), Old: []Set{sized(set("a", 1, 0), 10)}},
+		},
+		{
+			name: "the new set has everything already",
+			in: Input{Replicas: 3, MaxSurge: num(1), MaxUnavailable: num(0),
+				New: &Set{Name: "b", Revision: 2, Replicas: 3, Actual: 3, Available: 3, ScaledFor: 4}, Old: []Set{sized(set("a", 1, 1), 4)}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok, err := Scale(tt.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != tt.wantOK {
+				t.Fatalf("scaling %v, want %v (plan %s)", ok, tt.wantOK, got)
+			}
+			if !ok {
+				return
+			}
+			if tt.want.Old == nil {
+				tt.want.Old = map[string]int32{}
+			}
+			if got.NewReplicas != tt.want.NewReplicas || !maps.Equal(got.Old, tt.want.Old) {
+				t.Errorf("got %s, want %s", got, tt.want)
+			}
+		})
+	}
+}

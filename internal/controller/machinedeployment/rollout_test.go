@@ -14,18 +14,23 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/testenv"
 )
 
 const rollTimeout = 3 * time.Minute
 
 // fleetWatcher follows every change of the namespace's machines through a
-// watch and records, at each one, how many exist and how many are Ready
-// (and not being deleted).
+// watch and records, at each one, how many exist, how many are Ready (and
+// not being deleted), and how many are available: Ready for minReadySeconds
+// at the moment of the change. Availability only grows between changes, as
+// time passes, so the least seen at changes is the least there was.
 type fleetWatcher struct {
 	mu                 sync.Mutex
 	machines           map[string]*clusterv1.Machine
+	minReadySeconds    int32
 	minReady, maxTotal int
+	minAvailable       int
 	events             int
 	err                error
 	stop               context.CancelFunc
@@ -33,6 +38,11 @@ type fleetWatcher struct {
 }
 
 func watchFleet(t *testing.T, ns string) *fleetWatcher {
+	t.Helper()
+	return watchFleetAvailable(t, ns, 0)
+}
+
+func watchFleetAvailable(t *testing.T, ns string, minReadySeconds int32) *fleetWatcher {
 	t.Helper()
 	wc, err := client.NewWithWatch(mgmt.Config, client.Options{Scheme: mgmt.Scheme})
 	if err != nil {
@@ -48,7 +58,7 @@ func watchFleet(t *testing.T, ns string) *fleetWatcher {
 		cancel()
 		t.Fatal(err)
 	}
-	fw := &fleetWatcher{machines: map[string]*clusterv1.Machine{}, minReady: 1 << 30, stop: cancel, done: make(chan struct{})}
+	fw := &fleetWatcher{machines: map[string]*clusterv1.Machine{}, minReadySeconds: minReadySeconds, minReady: 1 << 30, minAvailable: 1 << 30, stop: cancel, done: make(chan struct{})}
 	for i := range list.Items {
 		fw.machines[list.Items[i].Name] = &list.Items[i]
 	}
@@ -95,6 +105,11 @@ func (fw *fleetWatcher) record() {
 			ready++
 		}
 	}
+	all := make([]*clusterv1.Machine, 0, len(fw.machines))
+	for _, m := range fw.machines {
+		all = append(all, m)
+	}
+	fw.minAvailable = min(fw.minAvailable, int(machineset.Count(all, fw.minReadySeconds, time.Now()).Available))
 	fw.events++
 	fw.minReady = min(fw.minReady, ready)
 	fw.maxTotal = max(fw.maxTotal, len(fw.machines))
@@ -319,4 +334,67 @@ func TestTemplateAndScaleChangeMidRollout(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A scale-up during a rollout that is stuck (the new template's machines
+// never get Ready) is spread over the sets in proportion to their sizes,
+// as a Deployment's is: the old template, which works, gets its share,
+// instead of every new machine going to the template that does not.
+func TestScaleUpDuringStuckRolloutIsProportional(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f)
+	md := newDeployment(f, "stuck", 2, 1, 0)
+	create(t, md)
+	waitSettled(t, md, 2, "v1", rollTimeout)
+	update(t, md, func(md *clusterv1.MachineDeployment) {
+		md.Spec.Template.Spec.ProviderSpec = nil
+		md.Spec.Template.Spec.ClassRef = &clusterv1.MachineClassReference{Name: "no-such-class-" + f.NS}
+	})
+	testenv.Eventually(t, time.Minute, "the rollout to be stuck on one new machine", func() error {
+		if n := len(machinesIn(t, f.NS)); n != 3 {
+			return fmt.Errorf("%d machines", n)
+		}
+		return nil
+	})
+	scaleTo(t, md, 4)
+	// 5 machines allowed (4 + maxSurge 1) for the 3 the sets hold: the old
+	// set 2*5/3 -> 3, the new one 1*5/3 -> 2.
+	testenv.Eventually(t, rollTimeout, "the old template to get its share of the scale-up", func() error {
+		var oldReady, newMachines int
+		for _, m := range machinesIn(t, f.NS) {
+			switch {
+			case m.Spec.ClassRef != nil:
+				newMachines++
+			case m.DeletionTimestamp.IsZero() && meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.ReadyCondition):
+				oldReady++
+			}
+		}
+		if oldReady != 3 || newMachines != 2 {
+			return fmt.Errorf("%d Ready machines of the old template (want 3), %d of the stuck one (want 2)", oldReady, newMachines)
+		}
+		return nil
+	})
+}
+
+// A rollout of 10 with minReadySeconds, maxSurge 2 and maxUnavailable 0,
+// with a watcher counting the available machines at every change: never
+// fewer than 10, and never more than 12 machines.
+func TestRolloutKeepsMachinesAvailableWithMinReadySeconds(t *testing.T) {
+	f := suite.NewFixture(t)
+	start(f)
+	md := newDeployment(f, "minready", 10, 2, 0)
+	md.Spec.MinReadySeconds = 5
+	create(t, md)
+	waitSettled(t, md, 10, "v1", rollTimeout)
+	fw := watchFleetAvailable(t, f.NS, md.Spec.MinReadySeconds)
+	update(t, md, func(md *clusterv1.MachineDeployment) { md.Spec.Template.Spec.Labels["tier"] = "v2" })
+	waitSettled(t, md, 10, "v2", rollTimeout)
+	fw.mu.Lock()
+	minAvailable := fw.minAvailable
+	fw.mu.Unlock()
+	_, maxTotal, events, err := fw.result()
+	t.Logf("rollout: %d machine changes seen, available never below %d, at most %d machines", events, minAvailable, maxTotal)
+	if err != nil || minAvailable < 10 || maxTotal > 12 {
+		t.Errorf("available fell to %d (want >= 10), %d machines (want <= 12), watch error %v", minAvailable, maxTotal, err)
+	}
 }

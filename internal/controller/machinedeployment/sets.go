@@ -153,9 +153,11 @@ func (s *scope) input() rollout.Input {
 	for _, ms := range s.sets {
 		c := machineset.Count(s.machines[ms.UID], md.Spec.MinReadySeconds, s.now)
 		s.requeueIn(c.NextAvailable)
+		scaledFor, _ := strconv.ParseInt(ms.Annotations[clusterv1.DesiredReplicasAnnotation], 10, 32)
 		set := rollout.Set{
 			Name: ms.Name, Replicas: ptrOr(ms.Spec.Replicas, 1), Revision: revision(ms),
 			Actual: c.Replicas, Deleting: c.Deleting, Available: c.Available,
+			Marked: c.Marked, ScaledFor: int32(scaledFor),
 		}
 		if ms == s.newSet {
 			in.New = &set
@@ -175,10 +177,16 @@ func (r *Reconciler) syncSets(ctx context.Context, s *scope) error {
 	if md.Spec.Strategy != nil && md.Spec.Strategy.Type == clusterv1.OnDeleteStrategy {
 		plan = rollout.OnDelete(in)
 	} else {
-		var err error
-		if plan, err = rollout.RollingUpdate(in); err != nil {
+		// A change of replicas is spread over the sets first; the rollout
+		// goes on from there on the next pass.
+		scaled, ok, err := rollout.Scale(in)
+		if err == nil && !ok {
+			scaled, err = rollout.RollingUpdate(in)
+		}
+		if err != nil {
 			return fmt.Errorf("planning the rollout of machinedeployment %s: %w", klog.KObj(md), err)
 		}
+		plan = scaled
 	}
 	var maxRevision int64
 	for _, ms := range s.sets {
@@ -251,7 +259,11 @@ func (r *Reconciler) createSet(ctx context.Context, s *scope, replicas int32, re
 		sel.MatchLabels = map[string]string{}
 	}
 	sel.MatchLabels[clusterv1.MachineTemplateHashLabel] = s.hash
-	annotations := map[string]string{clusterv1.RevisionAnnotation: strconv.FormatInt(rev, 10)}
+	annotations := map[string]string{
+		clusterv1.RevisionAnnotation:         strconv.FormatInt(rev, 10),
+		clusterv1.UpstreamRevisionAnnotation: strconv.FormatInt(rev, 10),
+		clusterv1.DesiredReplicasAnnotation:  strconv.FormatInt(int64(ptrOr(md.Spec.Replicas, 1)), 10),
+	}
 	if derived, err := r.capacity(ctx, md); err != nil {
 		return nil, err
 	} else if derived != nil {
@@ -307,6 +319,9 @@ func (r *Reconciler) updateSet(ctx context.Context, s *scope, ms *clusterv1.Mach
 	if rev != revision(ms) {
 		ms.Annotations[clusterv1.RevisionAnnotation] = strconv.FormatInt(rev, 10)
 	}
+	ms.Annotations[clusterv1.UpstreamRevisionAnnotation] = ms.Annotations[clusterv1.RevisionAnnotation]
+	// The replicas written are those of this spec.replicas (see Scale).
+	ms.Annotations[clusterv1.DesiredReplicasAnnotation] = strconv.FormatInt(int64(ptrOr(md.Spec.Replicas, 1)), 10)
 	if scaleDownOnly {
 		ms.Annotations[machineset.ScaleDownOnlyAnnotation] = "true"
 	} else {
@@ -378,6 +393,7 @@ func (r *Reconciler) syncMetadata(ctx context.Context, s *scope) error {
 	}
 	if s.newSet != nil {
 		annotations[clusterv1.RevisionAnnotation] = s.newSet.Annotations[clusterv1.RevisionAnnotation]
+		annotations[clusterv1.UpstreamRevisionAnnotation] = s.newSet.Annotations[clusterv1.RevisionAnnotation]
 	}
 	derived, err := r.capacity(ctx, md)
 	if err != nil {

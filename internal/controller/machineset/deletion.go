@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"sort"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 
@@ -12,13 +13,14 @@ import (
 
 // Deletion priorities, most urgent first.
 const (
-	priorityAnnotated = iota // cluster.marina.dev/delete-machine
-	priorityFailed           // failed, or found unhealthy by a health check
-	priorityNotReady         // no Node yet, or its Node is not Ready
-	priorityHealthy
+	priorityAnnotated    = iota // cluster.marina.dev/delete-machine
+	priorityFailed              // failed, or found unhealthy by a health check
+	priorityNotReady            // no Node yet, or its Node is not Ready
+	priorityNotAvailable        // Ready for less than minReadySeconds
+	priorityAvailable
 )
 
-func deletePriority(m *clusterv1.Machine) int {
+func deletePriority(m *clusterv1.Machine, minReadySeconds int32, now time.Time) int {
 	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; ok {
 		return priorityAnnotated
 	}
@@ -26,24 +28,31 @@ func deletePriority(m *clusterv1.Machine) int {
 		meta.IsStatusConditionFalse(m.Status.Conditions, clusterv1.MachineHealthCheckSucceededCondition) {
 		return priorityFailed
 	}
-	if m.Status.NodeRef == nil || !meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.ReadyCondition) {
+	ready, wait := availability(m, minReadySeconds, now)
+	switch {
+	case m.Status.NodeRef == nil || !ready:
 		return priorityNotReady
+	case wait > 0:
+		return priorityNotAvailable
 	}
-	return priorityHealthy
+	return priorityAvailable
 }
 
 // DeletionOrder returns the first n of machines (none of them already being
 // deleted) to delete: those annotated with cluster.marina.dev/delete-machine,
-// then failed or unhealthy ones, then those not Ready, then the rest by
+// then failed or unhealthy ones, then those not Ready, then those Ready for
+// less than minReadySeconds at now (not available yet, as Count and so the
+// rollout planner count them: a rollout that removes an unavailable old
+// machine must not lose an available one instead), then the rest by
 // policy: Newest (most recently created first), Oldest, or Random. Random is
 // a fixed shuffle keyed by each machine's UID, so two passes over the same
 // machines pick the same ones: a pass that repeats after a crash or a stale
 // read deletes nothing more. Ties go by name. machines is not modified.
-func DeletionOrder(machines []*clusterv1.Machine, policy clusterv1.MachineDeletePolicy, n int) []*clusterv1.Machine {
+func DeletionOrder(machines []*clusterv1.Machine, policy clusterv1.MachineDeletePolicy, n int, minReadySeconds int32, now time.Time) []*clusterv1.Machine {
 	sorted := append([]*clusterv1.Machine(nil), machines...)
 	sort.SliceStable(sorted, func(i, j int) bool {
 		a, b := sorted[i], sorted[j]
-		if pa, pb := deletePriority(a), deletePriority(b); pa != pb {
+		if pa, pb := deletePriority(a, minReadySeconds, now), deletePriority(b, minReadySeconds, now); pa != pb {
 			return pa < pb
 		}
 		switch policy {

@@ -13,8 +13,15 @@ import (
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// The deletion order is asked at orderNow, with orderMinReady: machines
+// Ready since then ("young") are not available yet.
+var orderNow = epoch.Add(time.Hour)
+
+const orderMinReady = 30
+
 // mach builds a machine created age minutes after epoch, in the state named
-// by kind: "ready", "notready", "failed", "unhealthy", "annotated".
+// by kind: "ready", "young" (Ready for less than orderMinReady at orderNow),
+// "notready", "failed", "unhealthy", "annotated".
 func mach(name string, minute int, kind string) *clusterv1.Machine {
 	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{
 		Name: name, UID: types.UID("uid-" + name),
@@ -27,6 +34,9 @@ func mach(name string, minute int, kind string) *clusterv1.Machine {
 	switch kind {
 	case "ready":
 		ready()
+	case "young":
+		ready()
+		m.Status.Conditions[0].LastTransitionTime = metav1.NewTime(orderNow.Add(-10 * time.Second))
 	case "notready":
 	case "failed":
 		m.Status.FailureReason = clusterv1.MachineVanishedReason
@@ -67,13 +77,18 @@ func TestDeletionOrder(t *testing.T) {
 		{"failed and unhealthy before not ready, before healthy", []*clusterv1.Machine{
 			mach("h", 9, "ready"), mach("n", 1, "notready"), mach("u", 5, "unhealthy"), mach("f", 3, "failed")},
 			clusterv1.NewestDeletePolicy, 4, []string{"u", "f", "n", "h"}},
+		{"Ready but not yet for minReadySeconds: after not Ready, before available, whatever the policy", []*clusterv1.Machine{
+			mach("h", 9, "ready"), mach("y", 1, "young"), mach("n", 5, "notready")},
+			clusterv1.NewestDeletePolicy, 3, []string{"n", "y", "h"}},
+		{"the available machine is kept when one of two goes", []*clusterv1.Machine{mach("old", 1, "ready"), mach("young", 2, "young")},
+			clusterv1.OldestDeletePolicy, 1, []string{"young"}},
 		{"n larger than the machines", []*clusterv1.Machine{mach("a", 1, "ready")}, clusterv1.RandomDeletePolicy, 3, []string{"a"}},
 		{"n zero", []*clusterv1.Machine{mach("a", 1, "ready")}, clusterv1.RandomDeletePolicy, 0, []string{}},
 		{"same age: by name", []*clusterv1.Machine{mach("b", 1, "ready"), mach("a", 1, "ready")}, clusterv1.OldestDeletePolicy, 2, []string{"a", "b"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := names(DeletionOrder(tt.machines, tt.policy, tt.n))
+			got := names(DeletionOrder(tt.machines, tt.policy, tt.n, orderMinReady, orderNow))
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("got %v, want %v", got, tt.want)
 			}
@@ -89,13 +104,13 @@ func TestDeletionOrderRandomIsStable(t *testing.T) {
 	for i := range 20 {
 		ms = append(ms, mach(string(rune('a'+i)), i, "ready"))
 	}
-	first := names(DeletionOrder(ms, clusterv1.RandomDeletePolicy, 5))
+	first := names(DeletionOrder(ms, clusterv1.RandomDeletePolicy, 5, orderMinReady, orderNow))
 	reversed := slices.Clone(ms)
 	slices.Reverse(reversed)
-	if again := names(DeletionOrder(reversed, clusterv1.RandomDeletePolicy, 5)); !slices.Equal(first, again) {
+	if again := names(DeletionOrder(reversed, clusterv1.RandomDeletePolicy, 5, orderMinReady, orderNow)); !slices.Equal(first, again) {
 		t.Errorf("random pick changed with input order: %v then %v", first, again)
 	}
-	if byAge := names(DeletionOrder(ms, clusterv1.OldestDeletePolicy, 5)); slices.Equal(first, byAge) {
+	if byAge := names(DeletionOrder(ms, clusterv1.OldestDeletePolicy, 5, orderMinReady, orderNow)); slices.Equal(first, byAge) {
 		t.Errorf("random pick %v is just the oldest", first)
 	}
 }

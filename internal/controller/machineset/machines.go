@@ -242,13 +242,13 @@ func (r *Reconciler) syncReplicas(ctx context.Context, s *scope) error {
 	case len(s.machines) < want:
 		return r.createMachines(ctx, s, want-len(s.machines))
 	case len(active) > want:
-		for _, m := range DeletionOrder(active, ms.Spec.DeletePolicy, len(active)-want) {
+		for _, m := range DeletionOrder(active, ms.Spec.DeletePolicy, len(active)-want, ms.Spec.MinReadySeconds, s.now) {
 			uid := m.UID
 			if err := r.client.Delete(ctx, m, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("deleting machine %s of machineset %s: %w", klog.KObj(m), klog.KObj(ms), err)
 			}
 			r.writes.wrote(ms.UID, m.Name, "")
-			ctrl.LoggerFrom(ctx).Info("Deleting machine", "machine", klog.KObj(m), "priority", deletePriority(m))
+			ctrl.LoggerFrom(ctx).Info("Deleting machine", "machine", klog.KObj(m), "priority", deletePriority(m, ms.Spec.MinReadySeconds, s.now))
 			now := metav1.NewTime(s.now)
 			m.DeletionTimestamp = &now
 			if r.crashed("after-delete") {
@@ -274,9 +274,14 @@ func (r *Reconciler) createMachines(ctx context.Context, s *scope, n int) error 
 		}
 		wg.Wait()
 		for i, m := range made {
-			if errs[i] == nil {
+			switch {
+			case errs[i] == nil:
 				r.writes.wrote(s.ms.UID, m.Name, m.ResourceVersion)
 				s.machines = append(s.machines, m)
+			case ambiguous(errs[i]):
+				// Perhaps made after all: the next pass lists live rather
+				// than trust a cache that may never show it to have been.
+				r.writes.unsure(s.ms.UID)
 			}
 		}
 		if err := errors.Join(errs...); err != nil {

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -334,5 +336,51 @@ func TestLaggingCacheMakesNoExtraMachine(t *testing.T) {
 	}
 	if n := len(machinesIn(t, f.NS)); n != 60 {
 		t.Errorf("%d machines, want 60", n)
+	}
+}
+
+// ambiguousCreates is an API server that commits the first creates it is
+// sent and answers them with a timeout, behind a cache that shows new
+// machines only after lag: the create looks failed, and the cache does not
+// say otherwise.
+type ambiguousCreates struct {
+	laggingCache
+	timeouts *atomic.Int32 // creates still to answer with a timeout
+	made     *atomic.Int32 // creates committed
+}
+
+func (c ambiguousCreates) Create(ctx context.Context, o client.Object, opts ...client.CreateOption) error {
+	if err := c.Client.Create(ctx, o, opts...); err != nil {
+		return err
+	}
+	c.made.Add(1)
+	if c.timeouts.Add(-1) >= 0 {
+		return apierrors.NewTimeoutError("the create may or may not have been committed", 1)
+	}
+	return nil
+}
+
+// A create that the API server committed but answered with a timeout is
+// counted on the next pass (read live), not made again: a set of 3 makes
+// exactly 3 machines though its cache lags.
+func TestCreateThatTimedOutIsNotMadeTwice(t *testing.T) {
+	f := suite.NewFixture(t)
+	var timeouts, made atomic.Int32
+	timeouts.Store(1)
+	start(f, Options{StatusInterval: -1, cacheLag: func(c client.Client) client.Client {
+		return ambiguousCreates{laggingCache{c, 5 * time.Second}, &timeouts, &made}
+	}}, false)
+	ms := newSet(f, "ambiguous", 3)
+	create(t, ms)
+	waitOwned(t, ms, 3, -1, machineTimeout)
+	// Until past the cache's lag, when a set that made too many would have
+	// made them, exactly 3 were ever created.
+	for deadline := time.Now().Add(6 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if n := made.Load(); n != 3 {
+			t.Fatalf("%d machines created for a set of 3", n)
+		}
+	}
+	if all, _, _ := owned(t, ms); all != 3 {
+		t.Errorf("%d machines, want 3", all)
 	}
 }

@@ -27,6 +27,9 @@ type Counts struct {
 	// NextAvailable is how long until the next Ready machine becomes
 	// available; 0 when none waits.
 	NextAvailable time.Duration
+	// Marked counts machines not being deleted that carry the
+	// delete-machine annotation.
+	Marked int32
 }
 
 // Count counts machines as a set's or deployment's status reports them.
@@ -38,12 +41,14 @@ func Count(machines []*clusterv1.Machine, minReadySeconds int32, now time.Time) 
 			c.Deleting++
 			continue
 		}
-		ready := meta.FindStatusCondition(m.Status.Conditions, clusterv1.ReadyCondition)
-		if ready == nil || ready.Status != metav1.ConditionTrue {
+		if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; ok {
+			c.Marked++
+		}
+		ready, wait := availability(m, minReadySeconds, now)
+		if !ready {
 			continue
 		}
 		c.Ready++
-		wait := ready.LastTransitionTime.Add(time.Duration(minReadySeconds) * time.Second).Sub(now)
 		if wait <= 0 {
 			c.Available++
 		} else if c.NextAvailable == 0 || wait < c.NextAvailable {
@@ -51,6 +56,20 @@ func Count(machines []*clusterv1.Machine, minReadySeconds int32, now time.Time) 
 		}
 	}
 	return c
+}
+
+// availability is the one definition of an available machine, shared by
+// the counts the rollout planner is given and the order in which a set
+// deletes (a planner that counts a machine as unavailable must see the set
+// delete it before available ones): ready when its Ready condition is
+// True, and available once it has been for minReadySeconds, that is when
+// wait is not positive. Being deleted is the caller's to check.
+func availability(m *clusterv1.Machine, minReadySeconds int32, now time.Time) (ready bool, wait time.Duration) {
+	c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.ReadyCondition)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return false, 0
+	}
+	return true, c.LastTransitionTime.Add(time.Duration(minReadySeconds) * time.Second).Sub(now)
 }
 
 // setStatus fills the status from what the pass saw and did.

@@ -1,6 +1,7 @@
 package machineset
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -35,5 +36,37 @@ func TestCountHonoursMinReadySeconds(t *testing.T) {
 	}
 	if got := Count(machines, 0, now); got.Available != 3 || got.NextAvailable != 0 {
 		t.Errorf("minReadySeconds 0: %+v", got)
+	}
+}
+
+// Machines being deleted are counted apart: not as machines that are not
+// Ready (a scale-down is no health problem), not as marked for deletion
+// again, and the conditions say they are being deleted.
+func TestStatusCountsDeletingMachinesApart(t *testing.T) {
+	now := orderNow
+	deleting := func(name string, marked bool) *clusterv1.Machine {
+		m := mach(name, 0, "ready")
+		if marked {
+			m.Annotations = map[string]string{clusterv1.DeleteMachineAnnotation: ""}
+		}
+		m.DeletionTimestamp = &metav1.Time{Time: now}
+		return m
+	}
+	machines := []*clusterv1.Machine{mach("a", 0, "ready"), mach("b", 0, "annotated"), deleting("c", true), deleting("d", false)}
+	if c := Count(machines, 0, now); c != (Counts{Replicas: 4, Deleting: 2, Ready: 2, Available: 2, Marked: 1}) {
+		t.Errorf("counts %+v", c)
+	}
+	replicas := int32(2)
+	s := &scope{ms: &clusterv1.MachineSet{Spec: clusterv1.MachineSetSpec{Replicas: &replicas}}, now: now, machines: machines, read: true}
+	setStatus(s)
+	st := s.ms.Status
+	if st.Replicas != 4 || st.ReadyReplicas != 2 || st.AvailableReplicas != 2 {
+		t.Errorf("status %+v", st)
+	}
+	if c := condition(st.Conditions, clusterv1.MachinesReadyCondition); !strings.HasPrefix(c, "True/") {
+		t.Errorf("MachinesReady %s: machines being deleted count as not Ready", c)
+	}
+	if c := condition(st.Conditions, clusterv1.ReadyCondition); !strings.HasPrefix(c, "False/"+clusterv1.ScalingReason) || !strings.Contains(c, "2 being deleted") {
+		t.Errorf("Ready %s, want Scaling with 2 being deleted", c)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
@@ -68,6 +69,31 @@ func (w *writes) wrote(set types.UID, name, rv string) {
 	if pending, ok := w.sets[set]; ok {
 		pending[name] = rv
 	}
+}
+
+// unsure records that a write about set may have been made though it
+// failed (a create that timed out after the API server committed it): the
+// set is read live on its next pass, as after a restart, for its cache may
+// never have heard of a machine this process does not know it made.
+func (w *writes) unsure(set types.UID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.sets, set)
+}
+
+// ambiguous reports whether a failed write may have been committed all the
+// same: only the API server's own refusals (invalid, forbidden, conflict,
+// already exists, throttled ...) say it was not; a timeout, a lost
+// connection or an internal error leave it open.
+func ambiguous(err error) bool {
+	switch {
+	case apierrors.IsInvalid(err), apierrors.IsAlreadyExists(err), apierrors.IsForbidden(err),
+		apierrors.IsBadRequest(err), apierrors.IsNotFound(err), apierrors.IsConflict(err),
+		apierrors.IsUnauthorized(err), apierrors.IsTooManyRequests(err),
+		apierrors.IsRequestEntityTooLargeError(err), apierrors.IsMethodNotSupported(err):
+		return false
+	}
+	return true
 }
 
 // forget drops a set that is gone.

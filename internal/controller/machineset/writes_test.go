@@ -1,9 +1,12 @@
 package machineset
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -107,4 +110,27 @@ func testMachine(name, rv string, deleting bool) clusterv1.Machine {
 		m.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 	}
 	return m
+}
+
+// A write that may have been made though it failed makes the set read live
+// next, as after a restart; a write the API server refused does not.
+func TestAmbiguousWriteMakesTheSetReadLive(t *testing.T) {
+	const set = types.UID("set")
+	var w writes
+	w.read(set, nil)
+	if !w.caughtUp(set, nil) {
+		t.Fatal("a set read live with nothing written since is not trusted")
+	}
+	refused := apierrors.NewInvalid(clusterv1.GroupVersion.WithKind("Machine").GroupKind(), "m", nil)
+	if ambiguous(refused) {
+		t.Errorf("an invalid machine counts as perhaps created")
+	}
+	timeout := fmt.Errorf("creating a machine: %w", apierrors.NewTimeoutError("request did not complete within 60s", 0))
+	if !ambiguous(timeout) || !ambiguous(context.DeadlineExceeded) {
+		t.Errorf("a timeout does not count as perhaps created")
+	}
+	w.unsure(set)
+	if w.caughtUp(set, nil) {
+		t.Error("after a create that may have been committed, the cache is trusted")
+	}
 }
