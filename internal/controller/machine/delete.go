@@ -68,7 +68,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		return ctrl.Result{}, err
 	}
 	if node != nil {
-		if res, done, err := r.drain(ctx, m, cl, node.Name); !done || err != nil {
+		if res, done, err := r.drain(ctx, m, cl, node); !done || err != nil {
 			return res, err
 		}
 	}
@@ -168,9 +168,11 @@ func (r *Reconciler) nodeForDeletion(ctx context.Context, m *clusterv1.Machine, 
 }
 
 // drain cordons the node and evicts its pods, honouring PodDisruptionBudgets.
-// It reports done when the node is empty, when draining is skipped by the
-// machine's annotation, or when spec.nodeDrainTimeout has passed.
-func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster, node string) (ctrl.Result, bool, error) {
+// It reports done when the node is empty (pods left behind on a Node that
+// is not Ready aside, see drain.Evict), when draining is skipped by the
+// machine's annotation, or when spec.nodeDrainTimeout has passed, whatever
+// made the drain fail meanwhile.
+func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster, node *corev1.Node) (ctrl.Result, bool, error) {
 	if _, skip := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]; skip {
 		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionTrue, clusterv1.MachineDrainSkippedReason,
 			"draining skipped: the machine has the "+clusterv1.ExcludeNodeDrainingAnnotation+" annotation")
@@ -180,38 +182,67 @@ func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote
 		(c.Status == metav1.ConditionTrue || c.Reason == clusterv1.MachineDrainTimeoutReason) {
 		return ctrl.Result{}, true, nil
 	}
-	if err := drain.Cordon(ctx, cl.Clientset, node); err != nil {
+	// The timeout is checked before anything that can fail: an eviction
+	// or a cordon that fails the same way on every pass must not keep the
+	// machine for good.
+	if r.drainTimedOut(m, node.Name) {
+		return ctrl.Result{}, true, nil
+	}
+	if err := drain.Cordon(ctx, cl.Clientset, node.Name); err != nil {
 		if apierrors.IsNotFound(err) {
 			return ctrl.Result{}, true, nil
 		}
+		r.draining(m, node.Name, clusterv1.MachineDrainingReason, err.Error())
 		return ctrl.Result{}, false, err
 	}
-	res, err := drain.Evict(ctx, cl.Clientset, node)
+	res, err := drain.Evict(ctx, cl.Clientset, node, drain.Options{UnreachableGrace: r.opts.UnreachablePodGrace})
 	if err != nil {
+		r.draining(m, node.Name, clusterv1.MachineDrainingReason, err.Error())
 		return ctrl.Result{}, false, err
 	}
 	if res.Done() {
-		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionTrue, clusterv1.MachineDrainedReason, "")
+		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionTrue, clusterv1.MachineDrainedReason, res.String())
 		return ctrl.Result{}, true, nil
 	}
 	reason := clusterv1.MachineDrainingReason
-	if len(res.Blocked) > 0 {
+	if len(res.Blocked) > 0 || len(res.Failed) > 0 {
 		reason = clusterv1.MachineDrainBlockedReason
 	}
-	if meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition) == nil {
-		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, clusterv1.MachineDrainingReason, "Drain", "draining node %s: %s", node, res.String())
-	}
-	// The condition stays False while draining, so its lastTransitionTime is
-	// when the drain started, across restarts of the controller.
-	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, reason, "draining node "+node+": "+res.String())
-	started := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition).LastTransitionTime.Time
-	if timeout := m.Spec.NodeDrainTimeout; timeout != nil && timeout.Duration > 0 && time.Since(started) >= timeout.Duration {
-		msg := fmt.Sprintf("gave up draining node %s after spec.nodeDrainTimeout (%s); deleting the machine anyway: %s", node, timeout.Duration, res.String())
-		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, clusterv1.MachineDrainTimeoutReason, msg)
-		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineDrainTimeoutReason, "Drain", "%s", msg)
+	r.draining(m, node.Name, reason, res.String())
+	if r.drainTimedOut(m, node.Name) {
 		return ctrl.Result{}, true, nil
 	}
-	return ctrl.Result{RequeueAfter: drainRetry}, false, nil
+	retry := drainRetry
+	if timeout := m.Spec.NodeDrainTimeout; timeout != nil && timeout.Duration > 0 {
+		started := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition).LastTransitionTime.Time
+		retry = min(retry, time.Until(started.Add(timeout.Duration))+10*time.Millisecond)
+	}
+	return ctrl.Result{RequeueAfter: retry}, false, nil
+}
+
+// draining records a drain in progress: the Drained condition stays False
+// while draining, so its lastTransitionTime is when the drain started,
+// across restarts of the controller and whatever failed on the way.
+func (r *Reconciler) draining(m *clusterv1.Machine, node, reason, detail string) {
+	if meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition) == nil {
+		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, clusterv1.MachineDrainingReason, "Drain", "draining node %s: %s", node, detail)
+	}
+	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, reason, "draining node "+node+": "+detail)
+}
+
+// drainTimedOut gives up the drain, with a condition and a warning event,
+// once spec.nodeDrainTimeout has passed since it started.
+func (r *Reconciler) drainTimedOut(m *clusterv1.Machine, node string) bool {
+	c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition)
+	timeout := m.Spec.NodeDrainTimeout
+	if c == nil || c.Status != metav1.ConditionFalse || timeout == nil || timeout.Duration <= 0 || time.Since(c.LastTransitionTime.Time) < timeout.Duration {
+		return false
+	}
+	detail := strings.TrimPrefix(c.Message, "draining node "+node+": ")
+	msg := fmt.Sprintf("gave up draining node %s after spec.nodeDrainTimeout (%s); deleting the machine anyway: %s", node, timeout.Duration, detail)
+	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, clusterv1.MachineDrainTimeoutReason, msg)
+	r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineDrainTimeoutReason, "Drain", "%s", msg)
+	return true
 }
 
 // preTerminateHook names a hook that holds the machine's deletion, if any.
