@@ -80,6 +80,11 @@ func TestDeadWorkerIsReplacedAndLoneMachineOnlyMarked(t *testing.T) {
 		t.Fatal("no machine was remediated within a minute of its agent dying")
 	}
 	stopFirst()
+	// Recorded before the deletion, the remediation survives the crash: it
+	// counts toward maxUnhealthy once the machine is gone.
+	if recs := getCheck(t, mhc).Status.RecentRemediations; len(recs) != 1 || recs[0].Machine != victim.Name {
+		t.Errorf("status.recentRemediations %+v after the crash, want the one of %s", recs, victim.Name)
+	}
 	startChecks(f, Options{})
 
 	testenv.Eventually(t, time.Minute, "the set to be back to 3 Ready workers without the dead one", func() error {
@@ -141,6 +146,10 @@ func TestDeadWorkerIsReplacedAndLoneMachineOnlyMarked(t *testing.T) {
 		c := condition(st.Conditions, clusterv1.RemediationAllowedCondition)
 		if st.ExpectedMachines != 4 || st.CurrentHealthy != 3 || c == nil || c.Status != metav1.ConditionTrue || st.ObservedGeneration != getCheck(t, mhc).Generation {
 			return fmt.Errorf("status %+v", st)
+		}
+		// The lone machine and the remediated one, gone, count.
+		if !strings.Contains(c.Message, "1 of 4 machines are unhealthy, plus 1 remediated in the last 10m0s") {
+			return fmt.Errorf("condition message %q does not count the remediation", c.Message)
 		}
 		return nil
 	})
