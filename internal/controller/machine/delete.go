@@ -52,15 +52,13 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		cl, err = r.clusters.Get(ctx, clusterKey(m))
 	}
 	if err != nil {
-		switch {
-		case errors.Is(err, remote.ErrKubeconfigMissing):
-			setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineWaitingForControlPlaneReason,
-				fmt.Sprintf("waiting for the kubeconfig Secret %s to drain and remove the node before deleting the machine", remote.KubeconfigSecretName(m.Spec.ClusterName)))
-			return ctrl.Result{}, nil // the Secret watch brings the machine back
-		default:
-			setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineClusterUnreachableReason,
-				fmt.Sprintf("cannot reach cluster %s to drain the node (retrying with backoff): %v", m.Spec.ClusterName, err))
-			return ctrl.Result{}, fmt.Errorf("reaching cluster %s: %w", m.Spec.ClusterName, err)
+		now := time.Now()
+		if why := withoutCluster(m, now); why != "" {
+			// Deleted without draining or removing the Node: the real
+			// machine must not wait for good on a cluster that is gone.
+			r.nodeNotDeleted(m, fmt.Sprintf("cluster %s does not answer (%v), and %s", m.Spec.ClusterName, err, why))
+		} else {
+			return r.waitForCluster(ctx, m, err, now)
 		}
 	}
 	node, err := r.nodeForDeletion(ctx, m, prov, cl)
@@ -89,13 +87,91 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 	}
 	if node != nil {
 		if err := cl.Client.Delete(ctx, node); err != nil && !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, fmt.Errorf("deleting node %s: %w", node.Name, err)
+			deadline, ok := deletionDeadline(m)
+			if !ok || time.Now().Before(deadline) {
+				return ctrl.Result{}, fmt.Errorf("deleting node %s: %w", node.Name, err)
+			}
+			r.nodeNotDeleted(m, fmt.Sprintf("removing it from cluster %s still fails past spec.nodeDeletionTimeout (%s): %v",
+				m.Spec.ClusterName, m.Spec.NodeDeletionTimeout.Duration, err))
 		}
 	}
 	if r.crashed("after-node-delete") {
 		return ctrl.Result{}, errCrash
 	}
 	return ctrl.Result{}, r.removeFinalizer(ctx, m)
+}
+
+// waitForCluster says, in the NodeReady condition, that the deletion waits
+// for the workload cluster, and when it will stop waiting if
+// spec.nodeDeletionTimeout is set; it comes back by then.
+func (r *Reconciler) waitForCluster(ctx context.Context, m *clusterv1.Machine, err error, now time.Time) (ctrl.Result, error) {
+	var until string
+	deadline, bounded := deletionDeadline(m)
+	if bounded {
+		until = fmt.Sprintf("; at %s (spec.nodeDeletionTimeout %s after the deletion) the machine is deleted without them",
+			deadline.UTC().Format(time.RFC3339), m.Spec.NodeDeletionTimeout.Duration)
+	}
+	retry := ctrl.Result{RequeueAfter: min(deadline.Sub(now)+10*time.Millisecond, clusterRetry)}
+	if errors.Is(err, remote.ErrKubeconfigMissing) {
+		setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineWaitingForControlPlaneReason,
+			fmt.Sprintf("waiting for the kubeconfig Secret %s to drain and remove the node before deleting the machine%s", remote.KubeconfigSecretName(m.Spec.ClusterName), until))
+		if bounded {
+			return retry, nil
+		}
+		return ctrl.Result{}, nil // the Secret watch brings the machine back
+	}
+	setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineClusterUnreachableReason,
+		fmt.Sprintf("cannot reach cluster %s to drain and remove the node (retrying): %v%s", m.Spec.ClusterName, err, until))
+	if bounded {
+		// Backoff would grow past the deadline; a steady retry keeps it.
+		ctrl.LoggerFrom(ctx).Info("Waiting for the workload cluster to delete the machine's Node", "cluster", m.Spec.ClusterName, "deadline", deadline, "error", err.Error())
+		return retry, nil
+	}
+	return ctrl.Result{}, fmt.Errorf("reaching cluster %s: %w", m.Spec.ClusterName, err)
+}
+
+// clusterRetry is how often a deletion bounded by spec.nodeDeletionTimeout
+// tries an unreachable workload cluster again.
+const clusterRetry = 10 * time.Second
+
+// withoutCluster says why the machine may be deleted without its workload
+// cluster (its Node neither drained nor removed), or "" when it must wait:
+// the machine has the exclude-node-draining annotation, or
+// spec.nodeDeletionTimeout has passed since the deletion was requested.
+func withoutCluster(m *clusterv1.Machine, now time.Time) string {
+	if _, ok := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]; ok {
+		return "the machine has the " + clusterv1.ExcludeNodeDrainingAnnotation + " annotation"
+	}
+	if deadline, ok := deletionDeadline(m); ok && !now.Before(deadline) {
+		return fmt.Sprintf("spec.nodeDeletionTimeout (%s) has passed since the deletion at %s",
+			m.Spec.NodeDeletionTimeout.Duration, m.DeletionTimestamp.UTC().Format(time.RFC3339))
+	}
+	return ""
+}
+
+// deletionDeadline is when a deletion stops waiting for the workload
+// cluster: spec.nodeDeletionTimeout after the deletion was requested; ok is
+// false when no timeout is set.
+func deletionDeadline(m *clusterv1.Machine) (deadline time.Time, ok bool) {
+	t := m.Spec.NodeDeletionTimeout
+	if t == nil || t.Duration <= 0 || m.DeletionTimestamp == nil {
+		return time.Time{}, false
+	}
+	return m.DeletionTimestamp.Add(t.Duration), true
+}
+
+// nodeNotDeleted records, in the Drained condition and once in a warning
+// event, that the machine goes without draining or removing its Node.
+func (r *Reconciler) nodeNotDeleted(m *clusterv1.Machine, why string) {
+	node := "of the machine"
+	if m.Status.NodeRef != nil {
+		node = m.Status.NodeRef.Name
+	}
+	msg := fmt.Sprintf("Node %s could not be removed: %s; the machine is deleted without it: delete the Node by hand once the cluster answers", node, why)
+	if c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition); c == nil || c.Reason != clusterv1.MachineNodeNotDeletedReason {
+		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineNodeNotDeletedReason, "Delete", "%s", msg)
+	}
+	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, clusterv1.MachineNodeNotDeletedReason, msg)
 }
 
 func (r *Reconciler) removeFinalizer(ctx context.Context, m *clusterv1.Machine) error {

@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,12 +13,16 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/remote"
+	"marina.dev/marina/internal/testenv"
 )
 
 // runningPodOn puts a pod on the machine's Node and waits until its agent
@@ -139,5 +144,109 @@ func TestDrainLeavesPodsOnANodeNotReadyBehind(t *testing.T) {
 	pod := &corev1.Pod{}
 	if err := workload.Client.Get(ctx, types.NamespacedName{Namespace: f.ns, Name: "stuck"}, pod); err == nil && pod.DeletionTimestamp == nil {
 		t.Errorf("the pod on the machine's Node was never evicted")
+	}
+}
+
+// unreachable points the cluster's kubeconfig Secret at a loopback port
+// nothing listens on, as when the workload cluster's control plane is down,
+// and restores it (and removes the Node left behind) when the test ends.
+func (f *fixture) unreachable(node string) {
+	f.t.Helper()
+	cfg, err := clientcmd.Load(workload.Kubeconfig)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	port := testenv.FreePorts(f.t, 1)
+	for _, c := range cfg.Clusters {
+		c.Server = "https://127.0.0.1:" + strconv.Itoa(port)
+	}
+	dead, err := clientcmd.Write(*cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx := context.Background()
+	secret := &corev1.Secret{}
+	key := types.NamespacedName{Namespace: f.ns, Name: remote.KubeconfigSecretName(f.cluster)}
+	if err := mgmt.Client.Get(ctx, key, secret); err != nil {
+		f.t.Fatal(err)
+	}
+	secret.Data[remote.KubeconfigSecretKey] = dead
+	if err := mgmt.Client.Update(ctx, secret); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		_ = workload.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
+	})
+}
+
+// The workload cluster's API server is down when a machine is deleted: it
+// waits for the cluster, saying until when, and once spec.nodeDeletionTimeout
+// has passed the real machine is deleted anyway, with a condition and a
+// warning event saying the Node could not be removed.
+func TestNodeDeletionTimeoutDeletesAMachineWhoseClusterIsUnreachable(t *testing.T) {
+	f := newFixture(t)
+	f.startController(Options{})
+	ctx := context.Background()
+	m := f.machine("cut-off", "")
+	m.Spec.NodeDeletionTimeout = &metav1.Duration{Duration: 20 * time.Second}
+	// A pre-terminate hook holds the machine after the decision, so that
+	// its conditions can be read before it goes.
+	hook := clusterv1.PreTerminateHookPrefix + "test"
+	m.Annotations = map[string]string{hook: ""}
+	f.create(m)
+	got := f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
+	f.unreachable(got.Status.NodeRef.Name)
+	if err := mgmt.Client.Delete(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+
+	eventually(t, 20*time.Second, "the machine to wait for its cluster, saying until when", func() (bool, error) {
+		got, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineNodeReadyCondition)
+		return c != nil && c.Reason == clusterv1.MachineClusterUnreachableReason && strings.Contains(c.Message, "spec.nodeDeletionTimeout 20s after the deletion"), fmt.Errorf("conditions %v", got.Status.Conditions)
+	})
+	eventually(t, 45*time.Second, "the machine to go on without its Node", func() (bool, error) {
+		got, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineDrainedCondition)
+		hookWait := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineNodeReadyCondition)
+		return c != nil && c.Reason == clusterv1.MachineNodeNotDeletedReason && strings.Contains(c.Message, "spec.nodeDeletionTimeout (20s) has passed") &&
+			hookWait != nil && hookWait.Reason == clusterv1.MachineWaitingForHookReason, fmt.Errorf("conditions %v", got.Status.Conditions)
+	})
+	f.machineEvent(got.UID, clusterv1.MachineNodeNotDeletedReason, "could not be removed", 30*time.Second)
+
+	live := mustGet(t, f, m)
+	delete(live.Annotations, hook)
+	if err := mgmt.Client.Update(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	f.waitGone(m, 45*time.Second)
+	if n := f.agents(got.UID); n != 0 {
+		t.Errorf("%d agents still run for the deleted machine", n)
+	}
+}
+
+// With the exclude-node-draining annotation, a machine whose workload
+// cluster does not answer goes without waiting for it.
+func TestExcludeNodeDrainingDeletesAMachineWhoseClusterIsUnreachable(t *testing.T) {
+	f := newFixture(t)
+	f.startController(Options{})
+	m := f.machine("skip", "")
+	m.Annotations = map[string]string{clusterv1.ExcludeNodeDrainingAnnotation: "node is gone"}
+	f.create(m)
+	got := f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
+	f.unreachable(got.Status.NodeRef.Name)
+	if err := mgmt.Client.Delete(context.Background(), got); err != nil {
+		t.Fatal(err)
+	}
+	f.waitGone(m, 45*time.Second)
+	f.machineEvent(got.UID, clusterv1.MachineNodeNotDeletedReason, clusterv1.ExcludeNodeDrainingAnnotation, 30*time.Second)
+	if n := f.agents(got.UID); n != 0 {
+		t.Errorf("%d agents still run for the deleted machine", n)
 	}
 }
