@@ -14,6 +14,12 @@ const (
 	MachineClusterUnreachableReason = "ClusterUnreachable"
 	// MachineDrainSkippedReason: draining was skipped on request.
 	MachineDrainSkippedReason = "DrainSkipped"
+	// MachineNodeNotDeletedReason: the machine is deleted without draining
+	// or removing its Node, because the workload cluster did not answer past
+	// spec.nodeDeletionTimeout, or did not answer and the machine has the
+	// exclude-node-draining annotation. Delete the Node by hand once the
+	// cluster answers.
+	MachineNodeNotDeletedReason = "NodeNotDeleted"
 	// MachineWaitingForHookReason: the machine is being deleted and waits
 	// for a pre-terminate hook (PreTerminateHookPrefix) to be removed.
 	MachineWaitingForHookReason = "WaitingForPreTerminateHook"

@@ -128,6 +128,23 @@ type MachineSpec struct {
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(ms|s|m|h))+$')",message="must be a duration like 10m, 90s or 1h30m (at most 5 digits per unit)"
 	NodeDrainTimeout *metav1.Duration `json:"nodeDrainTimeout,omitempty"`
+
+	// nodeDeletionTimeout bounds how long deleting the machine waits for its
+	// workload cluster, counted from the deletion request: while the
+	// cluster's API server does not answer, the Node can be neither drained
+	// nor removed. After it, the real machine is deleted anyway, without
+	// draining or removing the Node (a NodeNotDeleted warning event says
+	// so; delete the Node by hand once the cluster answers). It also bounds
+	// a Node removal that keeps failing after the real machine is gone.
+	// Unset waits for the cluster (upstream Cluster API defaults it to 10s).
+	// A machine with the cluster.marina.dev/exclude-node-draining annotation
+	// does not wait for an unreachable cluster at all.
+	//
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(ms|s|m|h))+$')",message="must be a duration like 10m, 90s or 1h30m (at most 5 digits per unit)"
+	NodeDeletionTimeout *metav1.Duration `json:"nodeDeletionTimeout,omitempty"`
 }
 
 // MachineVersions are the Kubernetes versions a machine should run.

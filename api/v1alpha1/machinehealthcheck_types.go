@@ -101,6 +101,17 @@ type MachineHealthCheckStatus struct {
 	// +optional
 	RemediationsAllowed int32 `json:"remediationsAllowed"`
 
+	// recentRemediations are the machines this check deleted within the
+	// last nodeStartupTimeout (10m when that is 0s), oldest first. Each
+	// counts toward maxUnhealthy until it is that old, even after its
+	// machine is gone and replaced: a storm that builds slowly, a few
+	// machines at a time, is held back as one that comes at once. Written
+	// by the controller before it deletes a machine; do not edit.
+	//
+	// +optional
+	// +listType=atomic
+	RecentRemediations []MachineRemediation `json:"recentRemediations,omitempty"`
+
 	// conditions are the health check's detailed state: RemediationAllowed.
 	//
 	// +optional
@@ -113,6 +124,20 @@ type MachineHealthCheckStatus struct {
 	//
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// MachineRemediation is one machine a health check deleted.
+type MachineRemediation struct {
+	// machine is the name of the deleted machine.
+	//
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Machine string `json:"machine"`
+
+	// time is when the health check deleted it.
+	//
+	// +required
+	Time metav1.Time `json:"time"`
 }
 
 // MachineHealthCheck watches the Nodes of selected machines and has the

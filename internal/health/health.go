@@ -30,6 +30,30 @@ type Spec struct {
 	// machine whose Node has not yet is not remediated until its condition
 	// has also held for its timeout past Resumed.
 	Resumed time.Time
+	// Remediations are the check's earlier remediations, as recorded
+	// (status.recentRemediations). Those made within RemediationWindow of
+	// now count toward MaxUnhealthy while their machine is gone.
+	Remediations []Remediation
+}
+
+// DefaultRemediationWindow is how long a remediation counts toward
+// maxUnhealthy when NodeStartupTimeout is 0 (disabled).
+const DefaultRemediationWindow = 10 * time.Minute
+
+// RemediationWindow is how long a remediation counts toward maxUnhealthy:
+// the time its replacement is given to come up (NodeStartupTimeout), or
+// DefaultRemediationWindow when that check is disabled.
+func (s Spec) RemediationWindow() time.Duration {
+	if s.NodeStartupTimeout > 0 {
+		return s.NodeStartupTimeout
+	}
+	return DefaultRemediationWindow
+}
+
+// Remediation is a machine the check deleted, and when.
+type Remediation struct {
+	Machine string
+	At      time.Time
 }
 
 // Condition is a Node condition that, held for Timeout, makes a machine
@@ -99,6 +123,10 @@ type Verdict struct {
 	// HealthCheckSucceeded reason and a sentence); empty when healthy.
 	Reason, Message string
 	Action          Action
+	// Pending is true for a healthy machine whose Node has an unhealthy
+	// condition that has not yet lasted its timeout: it counts toward
+	// maxUnhealthy, as what is coming.
+	Pending bool
 	// HoldUntil, for a machine unhealthy by a Node condition older than
 	// Spec.Resumed, is when its timeout past Resumed ends: it counts as
 	// unhealthy, but is not remediated before then.
@@ -112,13 +140,24 @@ type Plan struct {
 	// Expected is the number of selected machines; Healthy of them are
 	// healthy. Machines being deleted count as expected, not healthy.
 	Expected, Healthy int
+	// Pending is the number of healthy machines whose Node has an unhealthy
+	// condition that has not yet lasted its timeout.
+	Pending int
+	// Remediations are the records of Spec.Remediations still within the
+	// remediation window, to keep; Recent of them are of machines that are
+	// gone (a machine still being deleted counts as unhealthy already).
+	Remediations []Remediation
+	Recent       int
+	// Window is Spec.RemediationWindow().
+	Window time.Duration
 	// MaxUnhealthy is spec.maxUnhealthy as a number of machines.
 	MaxUnhealthy int
-	// Allowed is false when more machines are unhealthy than MaxUnhealthy:
-	// then nothing is remediated or marked for remediation.
+	// Allowed is false when more machines count against MaxUnhealthy than
+	// it allows (see Counted): then nothing is remediated or marked for
+	// remediation.
 	Allowed bool
-	// RemediationsAllowed is how many more machines may become unhealthy
-	// before remediation stops.
+	// RemediationsAllowed is how many more machines may count against
+	// MaxUnhealthy before remediation stops.
 	RemediationsAllowed int
 	// RequeueAt is the earliest time a pending timeout expires; zero when
 	// none is pending (the next change of a machine or Node brings the check
@@ -129,19 +168,42 @@ type Plan struct {
 // Unhealthy is the number of selected machines that are not healthy.
 func (p Plan) Unhealthy() int { return p.Expected - p.Healthy }
 
+// Counted is the number of machines that count against MaxUnhealthy: the
+// unhealthy ones, those whose unhealthy condition has begun (Pending), and
+// those remediated within the window whose machines are gone (Recent).
+// Upstream Cluster API counts only the first; a storm that builds a few
+// machines at a time would then be remediated whole, each batch within the
+// limit, the remediated machines gone within seconds and their replacements
+// counted healthy.
+func (p Plan) Counted() int { return p.Unhealthy() + p.Pending + p.Recent }
+
 // Decide judges each machine at time now and decides what to remediate. It
 // returns an error only for a maxUnhealthy it cannot read; then nothing may
 // be remediated.
 func Decide(spec Spec, machines []Machine, now time.Time) (Plan, error) {
-	plan := Plan{Machines: make([]Verdict, len(machines)), Expected: len(machines)}
+	plan := Plan{Machines: make([]Verdict, len(machines)), Expected: len(machines), Window: spec.RemediationWindow()}
+	present := make(map[string]bool, len(machines))
 	for i := range machines {
+		present[machines[i].Name] = true
 		v, next := judge(spec, &machines[i], now)
 		plan.Machines[i] = v
 		if v.Healthy {
 			plan.Healthy++
 		}
+		if v.Pending {
+			plan.Pending++
+		}
 		if !next.IsZero() && (plan.RequeueAt.IsZero() || next.Before(plan.RequeueAt)) {
 			plan.RequeueAt = next
+		}
+	}
+	for _, r := range spec.Remediations {
+		if now.Sub(r.At) >= plan.Window {
+			continue // long enough ago to be a separate event
+		}
+		plan.Remediations = append(plan.Remediations, r)
+		if !present[r.Machine] {
+			plan.Recent++
 		}
 	}
 	limit, err := MaxUnhealthy(spec.MaxUnhealthy, plan.Expected)
@@ -149,10 +211,11 @@ func Decide(spec Spec, machines []Machine, now time.Time) (Plan, error) {
 		return plan, err
 	}
 	plan.MaxUnhealthy = limit
-	// As upstream Cluster API: remediation goes on while at most
-	// maxUnhealthy machines are unhealthy, the limit included.
-	plan.Allowed = plan.Unhealthy() <= limit
-	plan.RemediationsAllowed = max(limit-plan.Unhealthy(), 0)
+	// As upstream Cluster API, remediation goes on while at most
+	// maxUnhealthy machines count, the limit included; but more count (see
+	// Counted).
+	plan.Allowed = plan.Counted() <= limit
+	plan.RemediationsAllowed = max(limit-plan.Counted(), 0)
 	if !plan.Allowed {
 		return plan, nil
 	}
@@ -188,7 +251,7 @@ func Decide(spec Spec, machines []Machine, now time.Time) (Plan, error) {
 func judge(spec Spec, m *Machine, now time.Time) (Verdict, time.Time) {
 	v := Verdict{Name: m.Name}
 	unhealthy := func(reason, format string, args ...any) (Verdict, time.Time) {
-		v.Reason, v.Message = reason, fmt.Sprintf(format, args...)
+		v.Reason, v.Message, v.Pending = reason, fmt.Sprintf(format, args...), false
 		return v, time.Time{}
 	}
 	switch {
@@ -232,12 +295,37 @@ func judge(spec Spec, m *Machine, now time.Time) (Verdict, time.Time) {
 				"Node %s has had %s=%s for %s, longer than the timeout (%s)",
 				m.Node.Name, c.Type, c.Status, now.Sub(since).Round(time.Second), c.Timeout)
 		}
+		v.Pending = true
 		if next.IsZero() || deadline.Before(next) {
 			next = deadline
 		}
 	}
 	v.Healthy = true
 	return v, next
+}
+
+// Record is the check's remediation record after plan is carried out at
+// now: the records still within the window, and one for each machine the
+// plan remediates (replacing an older record of the same machine).
+func Record(plan Plan, now time.Time) []Remediation {
+	out := make([]Remediation, 0, len(plan.Remediations))
+	remediated := map[string]bool{}
+	for _, v := range plan.Machines {
+		if v.Action == Remediate {
+			remediated[v.Name] = true
+		}
+	}
+	for _, r := range plan.Remediations {
+		if !remediated[r.Machine] {
+			out = append(out, r)
+		}
+	}
+	for _, v := range plan.Machines {
+		if v.Action == Remediate {
+			out = append(out, Remediation{Machine: v.Name, At: now})
+		}
+	}
+	return out
 }
 
 func nodeCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {

@@ -67,6 +67,11 @@ func TestDecide(t *testing.T) {
 		remAllowed   int
 		requeueAfter time.Duration // from now; 0: no requeue
 		resumedAgo   time.Duration // Spec.Resumed, before now; 0: never stopped
+		records      []Remediation // Spec.Remediations
+		pending      int           // Plan.Pending
+		recent       int           // Plan.Recent
+		kept         int           // len(Plan.Remediations)
+		noStartup    bool          // NodeStartupTimeout 0
 	}{
 		{
 			name:     "all healthy",
@@ -92,8 +97,9 @@ func TestDecide(t *testing.T) {
 				with(worker("a"), notReadyFor(2*time.Minute, now)),
 				with(worker("b"), func(m *Machine) { m.Node = node(corev1.ConditionFalse, now.Add(-4*time.Minute)) }),
 			},
+			// Both count toward maxUnhealthy (100%, 2) as what is coming.
 			want:    []want{{}, {}},
-			healthy: 2, allowed: true, remAllowed: 2,
+			healthy: 2, allowed: true, remAllowed: 0, pending: 2,
 			requeueAfter: time.Minute,
 		},
 		{
@@ -244,6 +250,73 @@ func TestDecide(t *testing.T) {
 			resumedAgo: 10 * time.Minute,
 		},
 		{
+			// A storm building: one Node past its timeout, two more whose
+			// condition has begun. 3 count, more than 40% of 5 (2): the
+			// first is not remediated ahead of the others.
+			name: "conditions begun but not past their timeout count toward maxUnhealthy",
+			max:  pct("40%"),
+			machines: []Machine{
+				with(worker("a"), dead), with(worker("b"), notReadyFor(3*time.Second, now)), with(worker("c"), notReadyFor(time.Minute, now)),
+				worker("d"), worker("e"),
+			},
+			want:    []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason}, {}, {}, {}, {}},
+			healthy: 4, allowed: false, remAllowed: 0, pending: 2,
+			requeueAfter: 4 * time.Minute,
+		},
+		{
+			name: "one condition begun within the limit: the dead one is remediated",
+			max:  pct("40%"),
+			machines: []Machine{
+				with(worker("a"), dead), with(worker("b"), notReadyFor(time.Minute, now)), worker("c"), worker("d"), worker("e"),
+			},
+			want:    []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason, action: Remediate}, {}, {}, {}, {}},
+			healthy: 4, allowed: true, remAllowed: 0, pending: 1,
+			requeueAfter: 4 * time.Minute,
+		},
+		{
+			// Two machines remediated within nodeStartupTimeout are gone,
+			// replaced by healthy machines: they still count, so a third
+			// dead one is more than 40% of 5.
+			name: "remediations within the window count after their machines are gone",
+			max:  pct("40%"),
+			machines: []Machine{
+				with(worker("a"), dead), worker("b"), worker("c"), worker("d"), worker("e"),
+			},
+			records: []Remediation{{Machine: "x", At: now.Add(-9 * time.Minute)}, {Machine: "y", At: now.Add(-time.Minute)}},
+			want:    []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason}, {}, {}, {}, {}},
+			healthy: 4, allowed: false, remAllowed: 0, recent: 2, kept: 2,
+		},
+		{
+			name: "a remediation older than the window no longer counts and is dropped",
+			max:  pct("40%"),
+			machines: []Machine{
+				with(worker("a"), dead), worker("b"), worker("c"), worker("d"), worker("e"),
+			},
+			records: []Remediation{{Machine: "x", At: now.Add(-10 * time.Minute)}, {Machine: "y", At: now.Add(-time.Minute)}},
+			want:    []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason, action: Remediate}, {}, {}, {}, {}},
+			healthy: 4, allowed: true, remAllowed: 0, recent: 1, kept: 1,
+		},
+		{
+			// Still being deleted, it counts once, as unhealthy.
+			name: "a remediated machine still present counts once",
+			max:  num(1),
+			machines: []Machine{
+				with(worker("a"), func(m *Machine) { dead(m); m.Deleting = true }), worker("b"), worker("c"),
+			},
+			records: []Remediation{{Machine: "a", At: now.Add(-time.Minute)}},
+			want:    []want{{reason: clusterv1.DeletingReason}, {}, {}},
+			healthy: 2, allowed: true, remAllowed: 0, recent: 0, kept: 1,
+		},
+		{
+			name:      "nodeStartupTimeout 0s: the window is 10 minutes",
+			max:       num(1),
+			noStartup: true,
+			machines:  []Machine{with(worker("a"), dead), worker("b")},
+			records:   []Remediation{{Machine: "x", At: now.Add(-9 * time.Minute)}, {Machine: "z", At: now.Add(-11 * time.Minute)}},
+			want:      []want{{reason: clusterv1.MachineUnhealthyNodeConditionReason}, {}},
+			healthy:   1, allowed: false, remAllowed: 0, recent: 1, kept: 1,
+		},
+		{
 			name:     "no machines selected",
 			max:      pct("40%"),
 			machines: nil,
@@ -254,6 +327,10 @@ func TestDecide(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := spec(tc.max)
+			s.Remediations = tc.records
+			if tc.noStartup {
+				s.NodeStartupTimeout = 0
+			}
 			if tc.resumedAgo > 0 {
 				s.Resumed = now.Add(-tc.resumedAgo)
 			}
@@ -274,6 +351,9 @@ func TestDecide(t *testing.T) {
 			if plan.Healthy != tc.healthy || plan.Allowed != tc.allowed || plan.RemediationsAllowed != tc.remAllowed || plan.Expected != len(tc.machines) {
 				t.Errorf("expected=%d healthy=%d allowed=%v remediationsAllowed=%d; want %d, %d, %v, %d",
 					plan.Expected, plan.Healthy, plan.Allowed, plan.RemediationsAllowed, len(tc.machines), tc.healthy, tc.allowed, tc.remAllowed)
+			}
+			if plan.Pending != tc.pending || plan.Recent != tc.recent || len(plan.Remediations) != tc.kept {
+				t.Errorf("pending=%d recent=%d kept records=%d; want %d, %d, %d", plan.Pending, plan.Recent, len(plan.Remediations), tc.pending, tc.recent, tc.kept)
 			}
 			var wantRequeue time.Time
 			if tc.requeueAfter > 0 {
@@ -344,6 +424,29 @@ func TestInvalidMaxUnhealthyRemediatesNothing(t *testing.T) {
 	for _, v := range plan.Machines {
 		if v.Action != None {
 			t.Errorf("machine %s: action %v with an invalid maxUnhealthy", v.Name, v.Action)
+		}
+	}
+}
+
+// Record keeps the records within the window and adds one per machine
+// remediated now, replacing an older record of the same machine.
+func TestRecord(t *testing.T) {
+	now := t0.Add(time.Hour)
+	plan := Plan{
+		Machines: []Verdict{{Name: "a", Action: Remediate}, {Name: "b", Action: MarkOnly}, {Name: "c", Healthy: true}, {Name: "d", Action: Remediate}},
+		Remediations: []Remediation{
+			{Machine: "old", At: now.Add(-5 * time.Minute)},
+			{Machine: "d", At: now.Add(-time.Minute)},
+		},
+	}
+	got := Record(plan, now)
+	want := []Remediation{{Machine: "old", At: now.Add(-5 * time.Minute)}, {Machine: "a", At: now}, {Machine: "d", At: now}}
+	if len(got) != len(want) {
+		t.Fatalf("records %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i].Machine != want[i].Machine || !got[i].At.Equal(want[i].At) {
+			t.Errorf("record %d: %v, want %v", i, got[i], want[i])
 		}
 	}
 }

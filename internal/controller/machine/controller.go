@@ -47,6 +47,10 @@ type Options struct {
 	// role. Nil: such machines are bootstrapped as workers, with a token of
 	// a cluster someone else made.
 	ControlPlaneBootstrap func(ctx context.Context, m *clusterv1.Machine) ([]byte, error)
+	// UnreachablePodGrace: while draining a Node that is not Ready, a pod
+	// whose deletion is older than this is left behind; 0 means
+	// drain.DefaultUnreachableGrace (5 minutes, as upstream Cluster API).
+	UnreachablePodGrace time.Duration
 	// crashAt, in tests only, aborts a reconcile at a named step, as if the
 	// process had been killed there.
 	crashAt func(step string) bool

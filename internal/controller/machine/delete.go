@@ -52,15 +52,13 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		cl, err = r.clusters.Get(ctx, clusterKey(m))
 	}
 	if err != nil {
-		switch {
-		case errors.Is(err, remote.ErrKubeconfigMissing):
-			setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineWaitingForControlPlaneReason,
-				fmt.Sprintf("waiting for the kubeconfig Secret %s to drain and remove the node before deleting the machine", remote.KubeconfigSecretName(m.Spec.ClusterName)))
-			return ctrl.Result{}, nil // the Secret watch brings the machine back
-		default:
-			setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineClusterUnreachableReason,
-				fmt.Sprintf("cannot reach cluster %s to drain the node (retrying with backoff): %v", m.Spec.ClusterName, err))
-			return ctrl.Result{}, fmt.Errorf("reaching cluster %s: %w", m.Spec.ClusterName, err)
+		now := time.Now()
+		if why := withoutCluster(m, now); why != "" {
+			// Deleted without draining or removing the Node: the real
+			// machine must not wait for good on a cluster that is gone.
+			r.nodeNotDeleted(m, fmt.Sprintf("cluster %s does not answer (%v), and %s", m.Spec.ClusterName, err, why))
+		} else {
+			return r.waitForCluster(ctx, m, err, now)
 		}
 	}
 	node, err := r.nodeForDeletion(ctx, m, prov, cl)
@@ -68,7 +66,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		return ctrl.Result{}, err
 	}
 	if node != nil {
-		if res, done, err := r.drain(ctx, m, cl, node.Name); !done || err != nil {
+		if res, done, err := r.drain(ctx, m, cl, node); !done || err != nil {
 			return res, err
 		}
 	}
@@ -89,13 +87,91 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 	}
 	if node != nil {
 		if err := cl.Client.Delete(ctx, node); err != nil && !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, fmt.Errorf("deleting node %s: %w", node.Name, err)
+			deadline, ok := deletionDeadline(m)
+			if !ok || time.Now().Before(deadline) {
+				return ctrl.Result{}, fmt.Errorf("deleting node %s: %w", node.Name, err)
+			}
+			r.nodeNotDeleted(m, fmt.Sprintf("removing it from cluster %s still fails past spec.nodeDeletionTimeout (%s): %v",
+				m.Spec.ClusterName, m.Spec.NodeDeletionTimeout.Duration, err))
 		}
 	}
 	if r.crashed("after-node-delete") {
 		return ctrl.Result{}, errCrash
 	}
 	return ctrl.Result{}, r.removeFinalizer(ctx, m)
+}
+
+// waitForCluster says, in the NodeReady condition, that the deletion waits
+// for the workload cluster, and when it will stop waiting if
+// spec.nodeDeletionTimeout is set; it comes back by then.
+func (r *Reconciler) waitForCluster(ctx context.Context, m *clusterv1.Machine, err error, now time.Time) (ctrl.Result, error) {
+	var until string
+	deadline, bounded := deletionDeadline(m)
+	if bounded {
+		until = fmt.Sprintf("; at %s (spec.nodeDeletionTimeout %s after the deletion) the machine is deleted without them",
+			deadline.UTC().Format(time.RFC3339), m.Spec.NodeDeletionTimeout.Duration)
+	}
+	retry := ctrl.Result{RequeueAfter: min(deadline.Sub(now)+10*time.Millisecond, clusterRetry)}
+	if errors.Is(err, remote.ErrKubeconfigMissing) {
+		setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineWaitingForControlPlaneReason,
+			fmt.Sprintf("waiting for the kubeconfig Secret %s to drain and remove the node before deleting the machine%s", remote.KubeconfigSecretName(m.Spec.ClusterName), until))
+		if bounded {
+			return retry, nil
+		}
+		return ctrl.Result{}, nil // the Secret watch brings the machine back
+	}
+	setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionUnknown, clusterv1.MachineClusterUnreachableReason,
+		fmt.Sprintf("cannot reach cluster %s to drain and remove the node (retrying): %v%s", m.Spec.ClusterName, err, until))
+	if bounded {
+		// Backoff would grow past the deadline; a steady retry keeps it.
+		ctrl.LoggerFrom(ctx).Info("Waiting for the workload cluster to delete the machine's Node", "cluster", m.Spec.ClusterName, "deadline", deadline, "error", err.Error())
+		return retry, nil
+	}
+	return ctrl.Result{}, fmt.Errorf("reaching cluster %s: %w", m.Spec.ClusterName, err)
+}
+
+// clusterRetry is how often a deletion bounded by spec.nodeDeletionTimeout
+// tries an unreachable workload cluster again.
+const clusterRetry = 10 * time.Second
+
+// withoutCluster says why the machine may be deleted without its workload
+// cluster (its Node neither drained nor removed), or "" when it must wait:
+// the machine has the exclude-node-draining annotation, or
+// spec.nodeDeletionTimeout has passed since the deletion was requested.
+func withoutCluster(m *clusterv1.Machine, now time.Time) string {
+	if _, ok := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]; ok {
+		return "the machine has the " + clusterv1.ExcludeNodeDrainingAnnotation + " annotation"
+	}
+	if deadline, ok := deletionDeadline(m); ok && !now.Before(deadline) {
+		return fmt.Sprintf("spec.nodeDeletionTimeout (%s) has passed since the deletion at %s",
+			m.Spec.NodeDeletionTimeout.Duration, m.DeletionTimestamp.UTC().Format(time.RFC3339))
+	}
+	return ""
+}
+
+// deletionDeadline is when a deletion stops waiting for the workload
+// cluster: spec.nodeDeletionTimeout after the deletion was requested; ok is
+// false when no timeout is set.
+func deletionDeadline(m *clusterv1.Machine) (deadline time.Time, ok bool) {
+	t := m.Spec.NodeDeletionTimeout
+	if t == nil || t.Duration <= 0 || m.DeletionTimestamp == nil {
+		return time.Time{}, false
+	}
+	return m.DeletionTimestamp.Add(t.Duration), true
+}
+
+// nodeNotDeleted records, in the Drained condition and once in a warning
+// event, that the machine goes without draining or removing its Node.
+func (r *Reconciler) nodeNotDeleted(m *clusterv1.Machine, why string) {
+	node := "of the machine"
+	if m.Status.NodeRef != nil {
+		node = m.Status.NodeRef.Name
+	}
+	msg := fmt.Sprintf("Node %s could not be removed: %s; the machine is deleted without it: delete the Node by hand once the cluster answers", node, why)
+	if c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition); c == nil || c.Reason != clusterv1.MachineNodeNotDeletedReason {
+		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineNodeNotDeletedReason, "Delete", "%s", msg)
+	}
+	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, clusterv1.MachineNodeNotDeletedReason, msg)
 }
 
 func (r *Reconciler) removeFinalizer(ctx context.Context, m *clusterv1.Machine) error {
@@ -172,9 +248,11 @@ func (r *Reconciler) nodeForDeletion(ctx context.Context, m *clusterv1.Machine, 
 }
 
 // drain cordons the node and evicts its pods, honouring PodDisruptionBudgets.
-// It reports done when the node is empty, when draining is skipped by the
-// machine's annotation, or when spec.nodeDrainTimeout has passed.
-func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster, node string) (ctrl.Result, bool, error) {
+// It reports done when the node is empty (pods left behind on a Node that
+// is not Ready aside, see drain.Evict), when draining is skipped by the
+// machine's annotation, or when spec.nodeDrainTimeout has passed, whatever
+// made the drain fail meanwhile.
+func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster, node *corev1.Node) (ctrl.Result, bool, error) {
 	if _, skip := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]; skip {
 		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionTrue, clusterv1.MachineDrainSkippedReason,
 			"draining skipped: the machine has the "+clusterv1.ExcludeNodeDrainingAnnotation+" annotation")
@@ -184,38 +262,67 @@ func (r *Reconciler) drain(ctx context.Context, m *clusterv1.Machine, cl *remote
 		(c.Status == metav1.ConditionTrue || c.Reason == clusterv1.MachineDrainTimeoutReason) {
 		return ctrl.Result{}, true, nil
 	}
-	if err := drain.Cordon(ctx, cl.Clientset, node); err != nil {
+	// The timeout is checked before anything that can fail: an eviction
+	// or a cordon that fails the same way on every pass must not keep the
+	// machine for good.
+	if r.drainTimedOut(m, node.Name) {
+		return ctrl.Result{}, true, nil
+	}
+	if err := drain.Cordon(ctx, cl.Clientset, node.Name); err != nil {
 		if apierrors.IsNotFound(err) {
 			return ctrl.Result{}, true, nil
 		}
+		r.draining(m, node.Name, clusterv1.MachineDrainingReason, err.Error())
 		return ctrl.Result{}, false, err
 	}
-	res, err := drain.Evict(ctx, cl.Clientset, node)
+	res, err := drain.Evict(ctx, cl.Clientset, node, drain.Options{UnreachableGrace: r.opts.UnreachablePodGrace})
 	if err != nil {
+		r.draining(m, node.Name, clusterv1.MachineDrainingReason, err.Error())
 		return ctrl.Result{}, false, err
 	}
 	if res.Done() {
-		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionTrue, clusterv1.MachineDrainedReason, "")
+		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionTrue, clusterv1.MachineDrainedReason, res.String())
 		return ctrl.Result{}, true, nil
 	}
 	reason := clusterv1.MachineDrainingReason
-	if len(res.Blocked) > 0 {
+	if len(res.Blocked) > 0 || len(res.Failed) > 0 {
 		reason = clusterv1.MachineDrainBlockedReason
 	}
-	if meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition) == nil {
-		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, clusterv1.MachineDrainingReason, "Drain", "draining node %s: %s", node, res.String())
-	}
-	// The condition stays False while draining, so its lastTransitionTime is
-	// when the drain started, across restarts of the controller.
-	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, reason, "draining node "+node+": "+res.String())
-	started := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition).LastTransitionTime.Time
-	if timeout := m.Spec.NodeDrainTimeout; timeout != nil && timeout.Duration > 0 && time.Since(started) >= timeout.Duration {
-		msg := fmt.Sprintf("gave up draining node %s after spec.nodeDrainTimeout (%s); deleting the machine anyway: %s", node, timeout.Duration, res.String())
-		setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, clusterv1.MachineDrainTimeoutReason, msg)
-		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineDrainTimeoutReason, "Drain", "%s", msg)
+	r.draining(m, node.Name, reason, res.String())
+	if r.drainTimedOut(m, node.Name) {
 		return ctrl.Result{}, true, nil
 	}
-	return ctrl.Result{RequeueAfter: drainRetry}, false, nil
+	retry := drainRetry
+	if timeout := m.Spec.NodeDrainTimeout; timeout != nil && timeout.Duration > 0 {
+		started := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition).LastTransitionTime.Time
+		retry = min(retry, time.Until(started.Add(timeout.Duration))+10*time.Millisecond)
+	}
+	return ctrl.Result{RequeueAfter: retry}, false, nil
+}
+
+// draining records a drain in progress: the Drained condition stays False
+// while draining, so its lastTransitionTime is when the drain started,
+// across restarts of the controller and whatever failed on the way.
+func (r *Reconciler) draining(m *clusterv1.Machine, node, reason, detail string) {
+	if meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition) == nil {
+		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, clusterv1.MachineDrainingReason, "Drain", "draining node %s: %s", node, detail)
+	}
+	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, reason, "draining node "+node+": "+detail)
+}
+
+// drainTimedOut gives up the drain, with a condition and a warning event,
+// once spec.nodeDrainTimeout has passed since it started.
+func (r *Reconciler) drainTimedOut(m *clusterv1.Machine, node string) bool {
+	c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineDrainedCondition)
+	timeout := m.Spec.NodeDrainTimeout
+	if c == nil || c.Status != metav1.ConditionFalse || timeout == nil || timeout.Duration <= 0 || time.Since(c.LastTransitionTime.Time) < timeout.Duration {
+		return false
+	}
+	detail := strings.TrimPrefix(c.Message, "draining node "+node+": ")
+	msg := fmt.Sprintf("gave up draining node %s after spec.nodeDrainTimeout (%s); deleting the machine anyway: %s", node, timeout.Duration, detail)
+	setCondition(m, clusterv1.MachineDrainedCondition, metav1.ConditionFalse, clusterv1.MachineDrainTimeoutReason, msg)
+	r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineDrainTimeoutReason, "Drain", "%s", msg)
+	return true
 }
 
 // preTerminateHook names a hook that holds the machine's deletion, if any.

@@ -156,6 +156,9 @@ type scope struct {
 	plan    health.Plan
 	planErr error
 	decided bool
+	// records are the remediations to keep in status.recentRemediations:
+	// the plan's, and those of this pass once recorded.
+	records []health.Remediation
 	// blocked is set when nothing may be remediated for a reason other than
 	// the plan's; reason and message then say why, for RemediationAllowed.
 	blocked         bool

@@ -38,5 +38,8 @@
 // already has a deletionTimestamp changes nothing, and on one that is gone
 // (or was replaced under the same name) fails with NotFound or a conflict,
 // both ignored. The set counts a machine being deleted against its replicas,
-// so it makes exactly one replacement, once the old machine is gone.
+// so it makes exactly one replacement, once the old machine is gone. Each
+// remediation is recorded in status.recentRemediations before the deletion
+// (it counts toward maxUnhealthy after the machine is gone), so a process
+// killed right after deleting does not forget it.
 package machinehealthcheck

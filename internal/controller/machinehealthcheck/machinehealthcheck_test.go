@@ -80,6 +80,11 @@ func TestDeadWorkerIsReplacedAndLoneMachineOnlyMarked(t *testing.T) {
 		t.Fatal("no machine was remediated within a minute of its agent dying")
 	}
 	stopFirst()
+	// Recorded before the deletion, the remediation survives the crash: it
+	// counts toward maxUnhealthy once the machine is gone.
+	if recs := getCheck(t, mhc).Status.RecentRemediations; len(recs) != 1 || recs[0].Machine != victim.Name {
+		t.Errorf("status.recentRemediations %+v after the crash, want the one of %s", recs, victim.Name)
+	}
 	startChecks(f, Options{})
 
 	testenv.Eventually(t, time.Minute, "the set to be back to 3 Ready workers without the dead one", func() error {
@@ -141,6 +146,10 @@ func TestDeadWorkerIsReplacedAndLoneMachineOnlyMarked(t *testing.T) {
 		c := condition(st.Conditions, clusterv1.RemediationAllowedCondition)
 		if st.ExpectedMachines != 4 || st.CurrentHealthy != 3 || c == nil || c.Status != metav1.ConditionTrue || st.ObservedGeneration != getCheck(t, mhc).Generation {
 			return fmt.Errorf("status %+v", st)
+		}
+		// The lone machine and the remediated one, gone, count.
+		if !strings.Contains(c.Message, "1 of 4 machines are unhealthy, plus 1 remediated in the last 10m0s") {
+			return fmt.Errorf("condition message %q does not count the remediation", c.Message)
 		}
 		return nil
 	})
@@ -297,4 +306,98 @@ func setPaused(t *testing.T, mhc *clusterv1.MachineHealthCheck, paused bool) {
 		}
 		return nil
 	})
+}
+
+// A storm that builds slowly, with nothing paused: 3 of 5 workers' agents
+// are killed 15 s apart, so that each Node turns Unknown, outlasts the 5 s
+// timeout and is remediated (gone in seconds, its Node not Ready) before
+// the next. Counting only what is unhealthy at the moment, the check would
+// remediate all 3; with maxUnhealthy 40% (2 of 5) at most 2 may go, and the
+// third waits, its condition and the check's saying why.
+func TestStormThatBuildsSlowlyIsHeldBack(t *testing.T) {
+	startNodeLifecycle(t)
+	f := suite.NewFixture(t)
+	startMachines(f)
+	create(t, f.WorkerSet("pool", 5, map[string]string{"pool": "workers"}))
+	forty := intstr.FromString("40%")
+	mhc := newCheck(f, &forty)
+	create(t, mhc)
+	startChecks(f, Options{})
+
+	machines := waitReady(t, f.NS, 5, time.Minute)
+	testenv.Eventually(t, 20*time.Second, "the check to count 5 healthy machines", func() error {
+		if st := getCheck(t, mhc).Status; st.CurrentHealthy != 5 {
+			return fmt.Errorf("status %+v", st)
+		}
+		return nil
+	})
+	var dead []clusterv1.Machine
+	for _, m := range machines {
+		dead = append(dead, m)
+		if len(dead) == 3 {
+			break
+		}
+	}
+	// remediated counts the original machines deleted so far; it must
+	// never pass the limit.
+	remediated := func() []string {
+		var out []string
+		for name := range machines {
+			m, err := getMachine(name, f.NS)
+			if err != nil || !m.DeletionTimestamp.IsZero() {
+				out = append(out, name)
+			}
+		}
+		return out
+	}
+	for i := range dead {
+		if i > 0 {
+			deadline := time.Now().Add(15 * time.Second)
+			for time.Now().Before(deadline) {
+				if r := remediated(); len(r) > 2 {
+					t.Fatalf("%d machines remediated while the storm builds: %v", len(r), r)
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+		}
+		killAgent(t, f, &dead[i])
+	}
+
+	// Every dead Node goes Unknown within the grace period (18 s) and
+	// outlasts the timeout (5 s): by then the check has decided about all.
+	deadline := time.Now().Add(40 * time.Second)
+	for time.Now().Before(deadline) {
+		if r := remediated(); len(r) > 2 {
+			t.Fatalf("%d machines remediated by a storm of 3 of 5 under maxUnhealthy 40%% (2): %v", len(r), r)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	testenv.Eventually(t, 20*time.Second, "the check to hold back the rest of the storm, saying why", func() error {
+		c := condition(getCheck(t, mhc).Status.Conditions, clusterv1.RemediationAllowedCondition)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != clusterv1.TooManyUnhealthyReason || !strings.Contains(c.Message, "3 count") && !strings.Contains(c.Message, "3 of 5") {
+			return fmt.Errorf("condition %+v", c)
+		}
+		t.Logf("%s", c.Message)
+		return nil
+	})
+	gone := map[string]bool{}
+	for _, name := range remediated() {
+		gone[name] = true
+	}
+	for i := range dead {
+		if gone[dead[i].Name] {
+			continue
+		}
+		m, err := getMachine(dead[i].Name, f.NS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := condition(m.Status.Conditions, clusterv1.MachineHealthCheckSucceededCondition)
+		if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "remediation stopped") {
+			t.Errorf("dead machine %s waits without saying why: %+v", m.Name, c)
+		}
+	}
+	if len(gone) == 0 && !t.Failed() {
+		t.Log("the 3 Nodes turned Unknown together: the storm was held back whole")
+	}
 }

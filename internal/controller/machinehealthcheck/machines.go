@@ -160,8 +160,12 @@ func (r *Reconciler) decide(s *scope) {
 			spec.Resumed = s.now
 		}
 	}
+	for _, rec := range s.mhc.Status.RecentRemediations {
+		spec.Remediations = append(spec.Remediations, health.Remediation{Machine: rec.Machine, At: rec.Time.Time})
+	}
 	s.plan, s.planErr = health.Decide(spec, s.facts, s.now)
 	s.decided = true
+	s.records = s.plan.Remediations
 	if !s.plan.RequeueAt.IsZero() {
 		// A few milliseconds late rather than early: a pass that comes back
 		// before the timeout expires would only schedule itself again.

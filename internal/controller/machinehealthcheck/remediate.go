@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -152,6 +153,9 @@ func (r *Reconciler) remediate(ctx context.Context, s *scope) error {
 	if r.crashed("before-delete") {
 		return errCrash
 	}
+	if err := r.recordRemediations(ctx, s); err != nil {
+		return err
+	}
 	log := ctrl.LoggerFrom(ctx)
 	var errs []error
 	for i, m := range s.machines {
@@ -180,6 +184,34 @@ func (r *Reconciler) remediate(ctx context.Context, s *scope) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// recordRemediations writes the remediations of this pass into
+// status.recentRemediations before any machine is deleted: a remediation
+// counts toward maxUnhealthy after its machine is gone, so a controller
+// killed between the deletion and the record must not forget it. A deletion
+// that then fails is recorded all the same, which errs on the side of
+// remediating less.
+func (r *Reconciler) recordRemediations(ctx context.Context, s *scope) error {
+	if !slices.ContainsFunc(s.plan.Machines, func(v health.Verdict) bool { return v.Action == health.Remediate }) {
+		return nil
+	}
+	records := health.Record(s.plan, s.now)
+	before := s.mhc.DeepCopy()
+	s.records = records
+	s.mhc.Status.RecentRemediations = remediationsStatus(records)
+	if err := r.client.Status().Patch(ctx, s.mhc, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("recording remediations of machinehealthcheck %s: %w", s.mhc.Name, err)
+	}
+	return nil
+}
+
+func remediationsStatus(records []health.Remediation) []clusterv1.MachineRemediation {
+	var out []clusterv1.MachineRemediation
+	for _, rec := range records {
+		out = append(out, clusterv1.MachineRemediation{Machine: rec.Machine, Time: metav1.NewTime(rec.At)})
+	}
+	return out
 }
 
 func equalStrings(a, b map[string]string) bool {

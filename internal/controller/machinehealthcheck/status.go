@@ -3,12 +3,14 @@ package machinehealthcheck
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/health"
 	"marina.dev/marina/internal/metrics"
 )
 
@@ -21,6 +23,7 @@ func (r *Reconciler) setStatus(_ context.Context, before *clusterv1.MachineHealt
 		st.ExpectedMachines = int32(s.plan.Expected)
 		st.CurrentHealthy = int32(s.plan.Healthy)
 		st.RemediationsAllowed = int32(s.plan.RemediationsAllowed)
+		st.RecentRemediations = remediationsStatus(s.records)
 	} else if s.machines != nil || s.blocked {
 		// The machines are known but not their health: keep the last
 		// counts, and allow nothing.
@@ -64,14 +67,32 @@ func setRemediationAllowedCondition(s *scope) {
 			": look for a common cause (network, workload control plane) before raising spec.maxUnhealthy")
 	default:
 		set(metav1.ConditionTrue, clusterv1.RemediationAllowedReason, fmt.Sprintf(
-			"%d of %d machines are unhealthy, within maxUnhealthy (%d): %d more may be remediated",
-			s.plan.Unhealthy(), s.plan.Expected, s.plan.MaxUnhealthy, s.plan.RemediationsAllowed))
+			"%s, within maxUnhealthy (%d): %d more may be remediated",
+			counts(s.plan), s.plan.MaxUnhealthy, s.plan.RemediationsAllowed))
 	}
 }
 
 func shortCircuitMessage(s *scope) string {
-	return fmt.Sprintf("remediation stopped: %d of %d machines are unhealthy, more than maxUnhealthy (%s, %d machines) allows",
-		s.plan.Unhealthy(), s.plan.Expected, maxUnhealthyString(s.mhc), s.plan.MaxUnhealthy)
+	return fmt.Sprintf("remediation stopped: %s, more than maxUnhealthy (%s, %d machines) allows",
+		counts(s.plan), maxUnhealthyString(s.mhc), s.plan.MaxUnhealthy)
+}
+
+// counts says what counts against maxUnhealthy: "3 of 10 machines are
+// unhealthy", and, when there are any, the machines whose condition has
+// begun and the recent remediations, with the total.
+func counts(p health.Plan) string {
+	msg := fmt.Sprintf("%d of %d machines are unhealthy", p.Unhealthy(), p.Expected)
+	if p.Pending == 0 && p.Recent == 0 {
+		return msg
+	}
+	var plus []string
+	if p.Pending > 0 {
+		plus = append(plus, fmt.Sprintf("%d whose Node condition has begun but not yet lasted its timeout", p.Pending))
+	}
+	if p.Recent > 0 {
+		plus = append(plus, fmt.Sprintf("%d remediated in the last %s (status.recentRemediations)", p.Recent, p.Window))
+	}
+	return msg + ", plus " + strings.Join(plus, " and ") + fmt.Sprintf(": %d count", p.Counted())
 }
 
 func maxUnhealthyString(mhc *clusterv1.MachineHealthCheck) string {
