@@ -88,7 +88,7 @@ func (p Provider) CanRun(version string) bool {
 
 // ErrNotPublished is returned by Read when no controller has published its
 // capabilities.
-var ErrNotPublished = errors.New("no marina controller has published what it can run (ConfigMap " + Namespace + "/" + Name + " does not exist): is it running? marina up and marina controller publish it when they start")
+var ErrNotPublished = errors.New("no marina controller has published which Kubernetes versions it can run (ConfigMap " + Namespace + "/" + Name + " does not exist): is it running? marina up and marina controller publish it when they start")
 
 // Read reads the capabilities the controller published; ErrNotPublished
 // when there are none.
