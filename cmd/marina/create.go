@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/describe"
@@ -176,8 +175,15 @@ func createAll(ctx context.Context, out io.Writer, c client.Client, cfg *rest.Co
 	return nil
 }
 
+// printManifests prints objs as a user would write them: YAML documents,
+// or in JSON, as kubectl create --dry-run=client -o json does, the object
+// alone or a List of them.
 func printManifests(w io.Writer, format string, objs []client.Object) error {
-	for i, o := range objs {
+	if format != "yaml" && format != "json" {
+		return fmt.Errorf("-o takes yaml or json, not %q", format)
+	}
+	items := make([]any, 0, len(objs))
+	for _, o := range objs {
 		// What a user would write: no status, no empty fields.
 		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
 		if err != nil {
@@ -185,24 +191,20 @@ func printManifests(w io.Writer, format string, objs []client.Object) error {
 		}
 		delete(obj, "status")
 		pruneEmpty(obj)
-		switch format {
-		case "yaml":
-			if i > 0 {
-				fmt.Fprintln(w, "---")
-			}
-			data, err := yaml.Marshal(obj)
-			if err != nil {
-				return err
-			}
-			if _, err := w.Write(data); err != nil {
-				return err
-			}
-		case "json":
-			if err := printAs(w, "json", obj); err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("-o takes yaml or json, not %q", format)
+		items = append(items, obj)
+	}
+	if format == "json" {
+		if len(items) == 1 {
+			return printAs(w, "json", items[0])
+		}
+		return printAs(w, "json", map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
+	}
+	for i, obj := range items {
+		if i > 0 {
+			fmt.Fprintln(w, "---")
+		}
+		if err := printAs(w, "yaml", obj); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -167,5 +169,52 @@ func TestCreateWaitEndsWhenTheClusterIsDeleted(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("create --wait still waits 20s after its cluster was deleted")
+	}
+}
+
+// --dry-run -o json prints one JSON document, as kubectl create
+// --dry-run=client -o json does: a List of several objects, or the one
+// object alone.
+func TestCreateClusterDryRunJSONIsOneDocument(t *testing.T) {
+	isolate(t)
+	for _, tc := range []struct {
+		args  []string
+		kinds []string
+	}{
+		{[]string{"dev"}, []string{"Cluster", "MachineDeployment"}},
+		{[]string{"solo", "--workers", "0"}, []string{"Cluster"}},
+	} {
+		out, _, err := marina(t, append([]string{"create", "cluster", "--dry-run", "-o", "json"}, tc.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Items      []struct {
+				Kind string `json:"kind"`
+			} `json:"items"`
+		}
+		dec := json.NewDecoder(strings.NewReader(out))
+		if err := dec.Decode(&doc); err != nil {
+			t.Fatalf("%v: -o json is no JSON document: %v\n%s", tc.args, err, out)
+		}
+		if dec.More() {
+			t.Fatalf("%v: -o json prints more than one JSON document:\n%s", tc.args, out)
+		}
+		var kinds []string
+		if len(tc.kinds) == 1 {
+			kinds = []string{doc.Kind}
+		} else {
+			if doc.APIVersion != "v1" || doc.Kind != "List" {
+				t.Errorf("%v: got %s %s, want a v1 List", tc.args, doc.APIVersion, doc.Kind)
+			}
+			for _, item := range doc.Items {
+				kinds = append(kinds, item.Kind)
+			}
+		}
+		if !slices.Equal(kinds, tc.kinds) {
+			t.Errorf("%v: got %v, want %v", tc.args, kinds, tc.kinds)
+		}
 	}
 }

@@ -12,10 +12,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"marina.dev/marina/internal/capabilities"
 	"marina.dev/marina/internal/crds"
 	"marina.dev/marina/internal/manager"
 	"marina.dev/marina/internal/plane"
@@ -110,6 +114,12 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile 
 	}
 	if err := crds.Install(ctx, c); err != nil {
 		return fmt.Errorf("installing marina's CRDs: %w", err)
+	}
+	// The controllers publish what they can run there (marina init makes
+	// it for marina controller).
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: capabilities.Namespace}}
+	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
 	}
 	local, err := newLocalProvider(filepath.Join(opts.StateDir, "machines"), opts.BinDir)
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -11,12 +12,16 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/capabilities"
 	"marina.dev/marina/internal/controller/controlplane"
 	"marina.dev/marina/internal/upgrade"
-	"marina.dev/marina/provider/local"
+	"marina.dev/marina/provider"
 )
 
 func newUpgradeCommand() *cobra.Command {
@@ -30,10 +35,15 @@ it has come, and roll back a step that failed.`,
 	}
 	mf.add(cmd)
 
-	var to, binDir string
+	var to string
 	plan := &cobra.Command{
-		Use:               "plan CLUSTER --to VERSION",
-		Short:             "Print the steps an upgrade to VERSION would take; changes nothing",
+		Use:   "plan CLUSTER --to VERSION",
+		Short: "Print the steps an upgrade to VERSION would take; changes nothing",
+		Long: `plan prints the steps an upgrade to VERSION would take, and refuses what
+the version rules refuse and a version the controller cannot run: it asks
+the running controller (ConfigMap marina-system/marina-capabilities, which
+marina up and marina controller keep current), not the host the command
+runs on. It changes nothing.`,
 		Example:           `  marina upgrade plan upgrade --to v1.37.2`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: mf.completeClusters,
@@ -41,19 +51,21 @@ it has come, and roll back a step that failed.`,
 			if to == "" {
 				return fmt.Errorf("--to is required: the version to upgrade to, e.g. --to v1.37.2")
 			}
-			o, err := observe(cmd.Context(), &mf, args[0])
+			ctx := cmd.Context()
+			o, err := observe(ctx, &mf, args[0])
 			if err != nil {
 				return err
 			}
-			available, err := local.KubernetesVersions(binDir)
+			prov, err := controlPlaneProvider(ctx, o.client, o.cluster)
 			if err != nil {
 				return err
 			}
-			return printPlan(cmd.OutOrStdout(), o, to, available)
+			return printPlan(cmd.OutOrStdout(), o, to, prov)
 		},
 	}
 	plan.Flags().StringVar(&to, "to", "", "the version to upgrade to, e.g. v1.37.2")
-	plan.Flags().StringVar(&binDir, "bin-dir", defaultBinDir(), "where make setup put the releases the local provider runs; empty: skip that check")
+	plan.Flags().String("bin-dir", "", "ignored")
+	_ = plan.Flags().MarkDeprecated("bin-dir", "ignored: the versions come from the controller (ConfigMap "+capabilities.Namespace+"/"+capabilities.Name+")")
 
 	status := &cobra.Command{
 		Use:               "status CLUSTER",
@@ -114,6 +126,7 @@ version, and it goes on.`,
 
 // observed is a cluster with its control-plane machines and workers.
 type observed struct {
+	client   client.Client
 	cluster  *clusterv1.Cluster
 	machines []clusterv1.Machine
 	workers  map[string]string
@@ -125,7 +138,7 @@ func observe(ctx context.Context, mf *managementFlags, name string) (*observed, 
 	if err != nil {
 		return nil, err
 	}
-	o := &observed{cluster: &clusterv1.Cluster{}}
+	o := &observed{client: c, cluster: &clusterv1.Cluster{}}
 	if err := mf.get(ctx, c, name, o.cluster); err != nil {
 		return nil, err
 	}
@@ -138,16 +151,65 @@ func observe(ctx context.Context, mf *managementFlags, name string) (*observed, 
 	return o, nil
 }
 
+// controlPlaneProvider is what the controller's provider of the cluster's
+// control plane can run, as the controller published it.
+func controlPlaneProvider(ctx context.Context, c client.Client, cluster *clusterv1.Cluster) (capabilities.Provider, error) {
+	caps, err := capabilities.Read(ctx, c)
+	if err != nil {
+		return capabilities.Provider{}, err
+	}
+	spec := cluster.Spec.ControlPlane
+	var raw []byte
+	if spec.ProviderSpec != nil {
+		raw = spec.ProviderSpec.Raw
+	}
+	kind, _ := kindOf(raw)
+	if kind.Kind == "" && spec.ClassRef != nil {
+		mc := &clusterv1.MachineClass{}
+		if err := c.Get(ctx, types.NamespacedName{Name: spec.ClassRef.Name}, mc); err != nil {
+			return capabilities.Provider{}, fmt.Errorf("reading MachineClass %s of cluster %s's control plane: %w", spec.ClassRef.Name, cluster.Name, err)
+		}
+		kind, _ = kindOf(mc.Spec.ProviderSpec.Raw)
+	}
+	if kind.Kind == "" {
+		return capabilities.Provider{}, fmt.Errorf("cluster %s: its control plane names no providerSpec kind (spec.controlPlane.providerSpec or classRef): the controller cannot make it either", cluster.Name)
+	}
+	prov, ok := caps.For(kind)
+	if !ok {
+		var running []string
+		for _, p := range caps.Providers {
+			running = append(running, fmt.Sprintf("%s (%s)", p.Name, strings.Join(p.Kinds, ", ")))
+		}
+		return capabilities.Provider{}, fmt.Errorf("cluster %s: no provider in the marina controller runs the control plane's providerSpec kind %q; it runs %s",
+			cluster.Name, provider.FormatKind(kind), strings.Join(running, "; "))
+	}
+	return prov, nil
+}
+
+// kindOf reads apiVersion and kind of a providerSpec.
+func kindOf(raw []byte) (schema.GroupVersionKind, bool) {
+	var tm metav1.TypeMeta
+	if len(raw) == 0 || json.Unmarshal(raw, &tm) != nil || tm.Kind == "" {
+		return schema.GroupVersionKind{}, false
+	}
+	return tm.GroupVersionKind(), true
+}
+
 // printPlan prints the steps of an upgrade of o to version, assuming every
 // machine stays healthy; it refuses what the version rules refuse (M19),
-// a version not among available (when known) included.
-func printPlan(w io.Writer, o *observed, version string, available []string) error {
+// then a version prov, the controller's provider of the control plane,
+// cannot run.
+func printPlan(w io.Writer, o *observed, version string, prov capabilities.Provider) error {
 	from, all := controlplane.OldestAPIServer(o.machines)
 	if !all {
 		return fmt.Errorf("cluster %s: a control-plane machine has not reported its API server's version yet (it is being made): try again when marina describe cluster %s shows every machine Running", o.cluster.Name, o.cluster.Name)
 	}
-	if err := upgrade.Check(from, version, available); err != nil {
+	if err := upgrade.Check(from, version, nil); err != nil {
 		return fmt.Errorf("cluster %s cannot be upgraded to %s: %w", o.cluster.Name, version, err)
+	}
+	if !prov.CanRun(version) {
+		return fmt.Errorf("cluster %s cannot be upgraded to %s: the controller's provider %s cannot run it; it can run %s (build %s where the controller runs: make setup)",
+			o.cluster.Name, version, prov.Name, strings.Join(prov.KubernetesVersions, ", "), version)
 	}
 	in := controlplane.UpgradeInput(o.cluster, version, o.machines, nil, o.workers)
 	if !upgrade.Needed(in) {

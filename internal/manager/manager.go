@@ -15,6 +15,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"marina.dev/marina/internal/capabilities"
 	"marina.dev/marina/internal/controller/cluster"
 	"marina.dev/marina/internal/controller/machine"
 	"marina.dev/marina/internal/controller/machinedeployment"
@@ -125,6 +126,10 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 	}
 	if err := setupControllers(ctx, mgr, registry, opts); err != nil {
 		return nil, err
+	}
+	// The CLI asks the controller, not its own host, what it can run.
+	if err := mgr.Add(capabilities.NewPublisher(mgr.GetClient(), registry, 0, mgr.GetLogger().WithName("capabilities"))); err != nil {
+		return nil, fmt.Errorf("adding the capabilities publisher: %w", err)
 	}
 	if err := metrics.RegisterMachines(mgr.GetCache()); err != nil {
 		return nil, fmt.Errorf("registering the machine metrics: %w", err)
