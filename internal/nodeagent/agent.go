@@ -18,7 +18,7 @@ import (
 	"marina.dev/marina/internal/bootstraptoken"
 	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/kubeletconfig"
-	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
@@ -83,7 +83,7 @@ func run(ctx context.Context, dir string, t timing) error {
 	}
 	defer lock.Close()
 	go keepLogs(ctx, t, func() []string {
-		logs, _ := filepath.Glob(filepath.Join(dir, components.LogsDir, "*.log"))
+		logs, _ := filepath.Glob(filepath.Join(dir, manifest.LogsDir, "*.log"))
 		return append(logs, filepath.Join(dir, sandbox.LogFile))
 	})
 
