@@ -163,20 +163,23 @@ func controlPlaneProvider(ctx context.Context, c client.Client, cluster *cluster
 	if spec.ProviderSpec != nil {
 		raw = spec.ProviderSpec.Raw
 	}
-	kind, _ := kindOf(raw)
+	kind := kindOf(raw)
 	if kind.Kind == "" && spec.ClassRef != nil {
 		mc := &clusterv1.MachineClass{}
 		if err := c.Get(ctx, types.NamespacedName{Name: spec.ClassRef.Name}, mc); err != nil {
 			return capabilities.Provider{}, fmt.Errorf("reading MachineClass %s of cluster %s's control plane: %w", spec.ClassRef.Name, cluster.Name, err)
 		}
-		kind, _ = kindOf(mc.Spec.ProviderSpec.Raw)
+		kind = kindOf(mc.Spec.ProviderSpec.Raw)
 	}
 	if kind.Kind == "" {
 		return capabilities.Provider{}, fmt.Errorf("cluster %s: its control plane names no providerSpec kind (spec.controlPlane.providerSpec or classRef): the controller cannot make it either", cluster.Name)
 	}
 	prov, ok := caps.For(kind)
 	if !ok {
-		var running []string
+		running := []string{"none"}
+		if len(caps.Providers) > 0 {
+			running = nil
+		}
 		for _, p := range caps.Providers {
 			running = append(running, fmt.Sprintf("%s (%s)", p.Name, strings.Join(p.Kinds, ", ")))
 		}
@@ -186,13 +189,14 @@ func controlPlaneProvider(ctx context.Context, c client.Client, cluster *cluster
 	return prov, nil
 }
 
-// kindOf reads apiVersion and kind of a providerSpec.
-func kindOf(raw []byte) (schema.GroupVersionKind, bool) {
+// kindOf reads apiVersion and kind of a providerSpec; empty when it has
+// none.
+func kindOf(raw []byte) schema.GroupVersionKind {
 	var tm metav1.TypeMeta
-	if len(raw) == 0 || json.Unmarshal(raw, &tm) != nil || tm.Kind == "" {
-		return schema.GroupVersionKind{}, false
+	if len(raw) == 0 || json.Unmarshal(raw, &tm) != nil {
+		return schema.GroupVersionKind{}
 	}
-	return tm.GroupVersionKind(), true
+	return tm.GroupVersionKind()
 }
 
 // printPlan prints the steps of an upgrade of o to version, assuming every

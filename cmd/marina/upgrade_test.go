@@ -76,6 +76,20 @@ func TestUpgradePlanAsksTheController(t *testing.T) {
 	if err != nil || !strings.Contains(out, "from v1.36.3 to v1.37.2") {
 		t.Errorf("plan to a version the controller has: %v\n%s", err, out)
 	}
+
+	// A control plane of a kind no provider of the controller runs.
+	other := &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: ns},
+		Spec: clusterv1.ClusterSpec{ControlPlane: clusterv1.ControlPlaneSpec{Version: "v1.36.3", Replicas: 1,
+			ProviderSpec: &runtime.RawExtension{Raw: []byte(`{"apiVersion":"ssh.example.dev/v1","kind":"SSHMachine"}`)}}},
+	}
+	if err := env.Client.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = marina(t, "upgrade", "plan", "other", "--to", "v1.37.2", "--kubeconfig", path)
+	if err == nil || !strings.Contains(err.Error(), `no provider in the marina controller runs the control plane's providerSpec kind "ssh.example.dev/v1/SSHMachine"; it runs local (local.marina.dev/v1alpha1/LocalMachine)`) {
+		t.Errorf("plan of a control plane no provider of the controller runs: got %v", err)
+	}
 }
 
 // clusterAt makes a cluster of one control-plane machine whose API server

@@ -47,21 +47,24 @@ func NewPublisher(c client.Client, registry *provider.Registry, interval time.Du
 }
 
 // Start publishes until ctx ends. A failure is logged and retried at the
-// next interval: it must not stop the controllers.
+// next interval: it must not stop the controllers (a cluster installed by
+// an older marina init lacks the Role until marina init runs again).
 func (p *Publisher) Start(ctx context.Context) error {
 	ticker := time.NewTicker(p.interval)
 	defer ticker.Stop()
-	failing := false
+	var failed string // the last failure logged: a lasting one is logged once
 	for {
 		if err := p.Publish(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			p.log.Error(err, "Cannot publish what the providers can run", "configMap", Namespace+"/"+Name)
-			failing = true
-		} else if failing {
+			if err.Error() != failed {
+				p.log.Error(err, "Cannot publish what the providers can run", "configMap", Namespace+"/"+Name)
+				failed = err.Error()
+			}
+		} else if failed != "" {
 			p.log.Info("Published what the providers can run", "configMap", Namespace+"/"+Name)
-			failing = false
+			failed = ""
 		}
 		select {
 		case <-ctx.Done():

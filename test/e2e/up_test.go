@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -235,6 +236,20 @@ func TestUpServesKeepsObjectsAndLeavesNothingBehind(t *testing.T) {
 			t.Errorf("CRD %s is not installed; installed:\n%s", crd.Name, out)
 		}
 	}
+	// The controllers publish what the local provider can run (marina
+	// upgrade plan reads it): the releases of the bin dir.
+	testenv.Eventually(t, 30*time.Second, "marina-system/marina-capabilities published", func() error {
+		out, err := u.kubectl(t, "-n", "marina-system", "get", "configmap", "marina-capabilities", "-o", "jsonpath={.data.providers}")
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		for _, want := range []string{"name: local", "- v1.36.3", "- v1.37.2"} {
+			if !strings.Contains(out, want) {
+				return fmt.Errorf("it does not say %q:\n%s", want, out)
+			}
+		}
+		return nil
+	})
 	if out, err := u.kubectl(t, "create", "namespace", "kept"); err != nil {
 		t.Fatalf("kubectl create namespace: %v\n%s", err, out)
 	}
