@@ -34,6 +34,18 @@ type MachineSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="must be the name of a Cluster: a DNS label of lower-case letters, digits and '-'"
 	ClusterName string `json:"clusterName"`
 
+	// providerID is status.providerID, copied here by the machine controller
+	// once the provider has made the machine, because tools written for
+	// upstream Cluster API look for it in the spec: cluster-autoscaler's
+	// clusterapi provider reads it to find a Node's machine and to count a
+	// machine being deleted as leaving. Leave it unset (templates included);
+	// once set it cannot change.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="oldSelf == '' || self == oldSelf",message="providerID cannot change once set"
+	ProviderID string `json:"providerID,omitempty"`
+
 	// roles are the parts the machine plays in its cluster: ControlPlane,
 	// Worker, or both (a control-plane machine that also runs workloads is not
 	// given the control-plane NoSchedule taint). Roles cannot be changed after

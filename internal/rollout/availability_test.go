@@ -202,3 +202,104 @@ func TestRollingUpdateKeepsAvailabilityWithTheSetsDeletionOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestScaleMidRolloutConverges plays random rollouts during which the
+// deployment is scaled once, up or down, the way cluster-autoscaler scales
+// down: it first marks the machines to remove (delete-machine), then lowers
+// replicas. Each pass plans with Scale, else RollingUpdate, records the
+// replicas the sets were sized for (as the controller's desired-replicas
+// annotation does), and the sets act with their real deletion order. Every
+// rollout converges, never holds more than the larger replicas + maxSurge
+// machines, and every marked machine is gone in the end.
+func TestScaleMidRolloutConverges(t *testing.T) {
+	policies := []clusterv1.MachineDeletePolicy{clusterv1.RandomDeletePolicy, clusterv1.NewestDeletePolicy, clusterv1.OldestDeletePolicy}
+	for seed := range 400 {
+		rng := rand.New(rand.NewPCG(uint64(seed), 6))
+		replicas := int32(1 + rng.IntN(8))
+		surge, unavail := intstr.FromInt32(int32(rng.IntN(3))), intstr.FromInt32(int32(rng.IntN(3)))
+		f := &fleet{
+			rng: rng, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+			minReady: int32(10 * rng.IntN(3)), policy: policies[rng.IntN(len(policies))],
+			replicas: map[string]int32{"old": replicas}, gone: map[string]time.Time{},
+		}
+		for range replicas {
+			f.add("old", true, time.Hour)
+		}
+		scaledFor := map[string]int32{"old": replicas}
+		initial := replicas
+		scaleAt, scaledTo := rng.IntN(12), int32(rng.IntN(10))
+		name := fmt.Sprintf("seed %d: replicas %d then %d at step %d, surge %s unavailable %s minReadySeconds %d %s",
+			seed, replicas, scaledTo, scaleAt, surge.String(), unavail.String(), f.minReady, f.policy)
+		marked := map[string]bool{}
+		var history []string
+		converged := false
+		for step := 0; step < 400 && !converged; step++ {
+			if step == scaleAt {
+				// The autoscaler marks what it removes, then scales.
+				var live []*clusterv1.Machine
+				for _, m := range f.machines {
+					if m.DeletionTimestamp.IsZero() {
+						live = append(live, m)
+					}
+				}
+				rng.Shuffle(len(live), func(i, j int) { live[i], live[j] = live[j], live[i] })
+				// No more than the live machines beyond the new size: those
+				// must go in any case, and the marked ones are to be them.
+				for _, m := range live[:max(min(int(replicas-scaledTo), len(live)-int(scaledTo)), 0)] {
+					m.Annotations = map[string]string{clusterv1.DeleteMachineAnnotation: "now"}
+					marked[m.Name] = true
+				}
+				replicas = scaledTo
+			}
+			in := Input{Replicas: replicas, MaxSurge: surge, MaxUnavailable: unavail}
+			for _, set := range []string{"old", "new"} {
+				r, ok := f.replicas[set]
+				if !ok {
+					continue
+				}
+				c := f.count(set)
+				s := Set{Name: set, Replicas: r, Actual: c.Replicas, Deleting: c.Deleting, Available: c.Available, Marked: c.Marked, ScaledFor: scaledFor[set], Revision: 1}
+				if set == "new" {
+					s.Revision = 2
+					in.New = &s
+				} else {
+					in.Old = append(in.Old, s)
+				}
+			}
+			if step > scaleAt && Done(in) {
+				converged = true
+				break
+			}
+			plan, scaled, err := Scale(in)
+			if err == nil && !scaled {
+				plan, err = RollingUpdate(in)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.replicas["new"] = plan.NewReplicas
+			if r, ok := plan.Old["old"]; ok {
+				f.replicas["old"] = r
+			}
+			for set := range f.replicas {
+				scaledFor[set] = replicas
+			}
+			f.act("old")
+			f.act("new")
+			history = append(history, fmt.Sprintf("t=%s scaled %v plan %s: %d machines, %d available", f.now.Format("15:04:05"), scaled, plan, len(f.machines), f.available()))
+			maxSurge, _, _ := Bounds(max(initial, scaledTo), surge, unavail)
+			if bound := max(initial, scaledTo) + maxSurge; int32(len(f.machines)) > bound {
+				t.Fatalf("%s: step %d: %d machines, more than %d\n%s", name, step, len(f.machines), bound, strings.Join(history, "\n"))
+			}
+			f.tick(false)
+		}
+		if !converged {
+			t.Fatalf("%s: no convergence\n%s", name, strings.Join(history, "\n"))
+		}
+		for _, m := range f.machines {
+			if marked[m.Name] {
+				t.Fatalf("%s: machine %s was marked for deletion and is still there\n%s", name, m.Name, strings.Join(history, "\n"))
+			}
+		}
+	}
+}

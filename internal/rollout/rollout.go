@@ -257,9 +257,9 @@ func OnDelete(in Input) Plan {
 // of a rolling update over its sets, as a Deployment's proportional
 // scaling does, and reports whether there was one to spread. There is when
 // a set with replicas was sized for other deployment replicas than
-// in.Replicas (ScaledFor), at least two sets have replicas, and the new
-// set is not already complete; otherwise ok is false and RollingUpdate
-// decides alone. A scale-up during a stuck rollout so grows the old sets
+// in.Replicas (ScaledFor), at least two sets have replicas, and either a
+// marked machine is to go or the new set is not already complete;
+// otherwise ok is false and RollingUpdate decides alone. A scale-up during a stuck rollout so grows the old sets
 // too, instead of putting every new machine on a template that does not
 // work.
 //
@@ -280,7 +280,7 @@ func Scale(in Input) (plan Plan, ok bool, err error) {
 	if err != nil {
 		return Plan{}, false, err
 	}
-	if in.New == nil || in.New.Replicas == in.Replicas && in.New.Available >= in.Replicas {
+	if in.New == nil {
 		return Plan{}, false, nil
 	}
 	type sized struct {
@@ -311,6 +311,11 @@ func Scale(in Input) (plan Plan, ok bool, err error) {
 		cut := min(s.Marked, s.size, down)
 		s.size -= cut
 		down -= cut
+	}
+	if down == max(scaledFor-in.Replicas, 0) && in.New.Replicas == in.Replicas && in.New.Available >= in.Replicas {
+		// Nothing marked to take, and the new set has everything: the
+		// rolling update only has old machines to remove.
+		return Plan{}, false, nil
 	}
 	var total int32
 	for _, s := range sets {

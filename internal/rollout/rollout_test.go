@@ -367,6 +367,12 @@ func TestScale(t *testing.T) {
 				New: stuck(10, 10), Old: []Set{sized(set("a", 1, 0), 10)}},
 		},
 		{
+			name: "the new set has everything already, but holds the marked machine",
+			in: Input{Replicas: 3, MaxSurge: num(1), MaxUnavailable: num(0),
+				New: &Set{Name: "b", Revision: 2, Replicas: 3, Actual: 3, Available: 3, Marked: 1, ScaledFor: 4}, Old: []Set{sized(set("a", 1, 1), 4)}},
+			want: Plan{NewReplicas: 2}, wantOK: true,
+		},
+		{
 			name: "the new set has everything already",
 			in: Input{Replicas: 3, MaxSurge: num(1), MaxUnavailable: num(0),
 				New: &Set{Name: "b", Revision: 2, Replicas: 3, Actual: 3, Available: 3, ScaledFor: 4}, Old: []Set{sized(set("a", 1, 1), 4)}},

@@ -59,7 +59,9 @@ func isExternal(kind schema.GroupVersionKind, external []schema.GroupVersionKind
 }
 
 // ensureMetadata puts the finalizer and the owner reference to the Cluster
-// on the machine in one patch, and restores them if someone stripped them.
+// on the machine in one patch, and restores them if someone stripped them;
+// once the provider made the machine, the same patch copies
+// status.providerID to spec.providerID.
 func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine, kind schema.GroupVersionKind) error {
 	before := m.DeepCopy()
 	machineFinalizer.Add(m)
@@ -72,7 +74,12 @@ func (r *Reconciler) ensureMetadata(ctx context.Context, m *clusterv1.Machine, k
 	if err := r.ensureClusterOwner(ctx, m); err != nil {
 		return err
 	}
-	if equalMetadata(before, m) && before.Annotations[clusterv1.ProviderKindAnnotation] == m.Annotations[clusterv1.ProviderKindAnnotation] {
+	if m.Spec.ProviderID == "" {
+		// Where tools made for upstream Cluster API look (the field's doc).
+		m.Spec.ProviderID = m.Status.ProviderID
+	}
+	if equalMetadata(before, m) && before.Annotations[clusterv1.ProviderKindAnnotation] == m.Annotations[clusterv1.ProviderKindAnnotation] &&
+		before.Spec.ProviderID == m.Spec.ProviderID {
 		return nil
 	}
 	if err := r.client.Patch(ctx, m, client.MergeFrom(before)); err != nil {

@@ -13,8 +13,12 @@
 //
 // How many machines each set should have next is decided by the pure
 // planner in internal/rollout (RollingUpdate with maxSurge/maxUnavailable,
-// or OnDelete); this package only reads the sets and their machines and
-// writes the planned replicas. The planner counts machines, not set
+// Scale when replicas changed in the middle of a rolling update, or
+// OnDelete); this package only reads the sets and their machines and
+// writes the planned replicas. Each set records the deployment replicas it
+// was sized for (cluster.marina.dev/desired-replicas), which is how a later
+// pass tells a change of replicas, to spread over the sets, from a step of
+// the rollout. The planner counts machines, not set
 // statuses, so a set that has not yet acted on its last scale is never
 // scaled twice.
 //
@@ -26,7 +30,9 @@
 // # Revisions and rollback
 //
 // Sets carry cluster.marina.dev/revision (1, 2, 3, ...), the deployment the
-// revision of its current template. A template that comes back gets the
+// revision of its current template; both carry it again as
+// machinedeployment.clusters.x-k8s.io/revision, which cluster-autoscaler
+// reads (docs/autoscaling.md). A template that comes back gets the
 // next revision on its existing set. To roll back, either apply the earlier
 // template again, or annotate the deployment
 //

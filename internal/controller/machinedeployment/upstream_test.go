@@ -473,6 +473,12 @@ func TestUpstreamAutoscalerContract(t *testing.T) {
 				if found == nil || found.GetName() != m.Name {
 					return fmt.Errorf("node %s (providerID %q, annotations %v) leads to no machine or the wrong one", node.Name, node.Spec.ProviderID, node.Annotations)
 				}
+				if by != "spec.providerID" {
+					// Found all the same through the Node's annotations, but
+					// upstream then cannot tell a machine being deleted.
+					return fmt.Errorf("node %s: machine %s found by %s: spec.providerID %q, status.providerID %q",
+						node.Name, m.Name, by, m.Spec.ProviderID, m.Status.ProviderID)
+				}
 				if g := upstreamNodeGroupOfMachine(t, found); g != id {
 					return fmt.Errorf("node %s: node group %q, want %s", node.Name, g, id)
 				}
@@ -537,6 +543,14 @@ func TestUpstreamAutoscalerContract(t *testing.T) {
 			switch {
 			case m.Name == fresh.Name:
 				freshGone = !m.DeletionTimestamp.IsZero()
+				if freshGone {
+					// While it drains, upstream counts it as leaving, not
+					// as a running node (if this pass catches it then).
+					ids := upstreamProviderIDs(t, get(t, md.DeepCopy()), nodesByName(t))
+					if want := "deleting-machine-" + m.Namespace + "_" + m.Name; !slicesContains(ids, want) {
+						t.Errorf("machine %s is being deleted, but the group's instances %v lack %s", m.Name, ids, want)
+					}
+				}
 			case !m.DeletionTimestamp.IsZero():
 				oldGoing = append(oldGoing, m.Name)
 			default:

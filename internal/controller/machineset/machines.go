@@ -313,6 +313,7 @@ func (r *Reconciler) createMachine(ctx context.Context, ms *clusterv1.MachineSet
 		m.Labels = map[string]string{}
 	}
 	m.Labels[clusterv1.ClusterNameLabel] = ms.Spec.ClusterName
+	m.Spec.ProviderID = "" // each machine's own, never the template's
 	if err := controllerutil.SetControllerReference(ms, m, r.client.Scheme()); err != nil {
 		return nil, fmt.Errorf("setting owner of a new machine: %w", err)
 	}

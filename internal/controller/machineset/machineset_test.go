@@ -374,11 +374,15 @@ func TestCreateThatTimedOutIsNotMadeTwice(t *testing.T) {
 	create(t, ms)
 	waitOwned(t, ms, 3, -1, machineTimeout)
 	// Until past the cache's lag, when a set that made too many would have
-	// made them, exactly 3 were ever created.
+	// made them, no more than 3 were ever created (the counter follows the
+	// API server by the time a create takes to return).
 	for deadline := time.Now().Add(6 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if n := made.Load(); n != 3 {
+		if n := made.Load(); n > 3 {
 			t.Fatalf("%d machines created for a set of 3", n)
 		}
+	}
+	if n := made.Load(); n != 3 {
+		t.Errorf("%d machines created for a set of 3", n)
 	}
 	if all, _, _ := owned(t, ms); all != 3 {
 		t.Errorf("%d machines, want 3", all)
