@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +20,8 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/provider"
+	"marina.dev/marina/provider/local"
 )
 
 // Issue: health and safety. examples/health: ten workers under a health
@@ -201,6 +204,125 @@ func TestUpRemediatesADeadWorkerButNotAStorm(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	// Issue 23: a storm that builds slowly, nothing paused. One worker's
+	// agent is killed every 6 s until 6 are dead; each Node goes Unknown
+	// and outlasts the 10 s timeout a few seconds after the one before. The
+	// check counts conditions that have begun and recent remediations, so
+	// at most maxUnhealthy (40%, 4 machines) are deleted (fewer, as the
+	// worker remediated above still counts), and the condition says why
+	// the rest wait. Their agents restarted, all 10 are healthy, and the
+	// machines deleted are exactly those the events say were remediated.
+	earlierFailed := t.Failed()
+	t.Run("a storm that builds slowly deletes at most maxUnhealthy", func(t *testing.T) {
+		if earlierFailed {
+			t.Skip("the fleet is not known to be healthy")
+		}
+		all := workerMachines(t, ctx, c)
+		victims := all[:6]
+		deleted := func() []string {
+			var out []string
+			for i := range all {
+				var m clusterv1.Machine
+				err := c.Get(ctx, client.ObjectKeyFromObject(&all[i]), &m)
+				if err != nil || m.UID != all[i].UID || !m.DeletionTimestamp.IsZero() {
+					out = append(out, all[i].Name)
+				}
+			}
+			return out
+		}
+		watch := func(d time.Duration) {
+			deadline := time.Now().Add(d)
+			for time.Now().Before(deadline) {
+				if gone := deleted(); len(gone) > 4 {
+					t.Fatalf("%d machines deleted by a storm of 6 of 10 under maxUnhealthy 40%%: %v", len(gone), gone)
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+		}
+		start := time.Now()
+		for i, m := range victims {
+			if i > 0 {
+				watch(6 * time.Second)
+			}
+			t.Logf("%.0fs: killing the agent of %s", time.Since(start).Seconds(), m.Name)
+			for _, pid := range processesUnder(filepath.Join(root, string(m.UID))) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		// The last Node goes Unknown within the 20 s grace and outlasts the
+		// 10 s timeout: by then the check has decided about every one.
+		watch(45 * time.Second)
+		gone := deleted()
+		for _, name := range gone {
+			if !slices.ContainsFunc(victims, func(m clusterv1.Machine) bool { return m.Name == name }) {
+				t.Errorf("healthy machine %s was deleted", name)
+			}
+		}
+		mhc := healthCheck(ctx, c)
+		cond := meta.FindStatusCondition(mhc.Status.Conditions, clusterv1.RemediationAllowedCondition)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != clusterv1.TooManyUnhealthyReason {
+			t.Fatalf("after the storm, %d deleted (%v), RemediationAllowed %+v", len(gone), gone, cond)
+		}
+		t.Logf("%d deleted (%v); the check: %s", len(gone), gone, cond.Message)
+		if n := len(mhc.Status.RecentRemediations); n > 4 {
+			t.Errorf("%d remediations recorded within nodeStartupTimeout: %+v", n, mhc.Status.RecentRemediations)
+		}
+
+		// The rest come back: their agents restart, as after a reboot.
+		p, err := local.New(local.Options{Root: root, AgentCommand: []string{marinaBin, "node-agent"}, LoadBalancerCommand: []string{marinaBin, "load-balancer"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range victims {
+			if slices.Contains(gone, m.Name) {
+				continue
+			}
+			_, err := p.Create(ctx, &provider.Request{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Machine: m.Spec, ProviderSpec: m.Spec.ProviderSpec.Raw})
+			if err != nil {
+				t.Fatalf("restarting the agent of %s: %v", m.Name, err)
+			}
+		}
+		testenv.Eventually(t, 3*time.Minute, "all 10 healthy again", func() error {
+			if err := machinesRunning(ctx, c, 11); err != nil {
+				return err
+			}
+			return checkCounts(ctx, c, 10, 10)
+		})
+		var kept []clusterv1.Machine
+		for _, m := range all {
+			if !slices.Contains(gone, m.Name) {
+				kept = append(kept, m)
+			}
+		}
+		if err := sameWorkers(ctx, c, kept); err != nil {
+			t.Errorf("after the storm: %v", err)
+		}
+		// Deleted are exactly those remediated, by the events.
+		var events eventsv1.EventList
+		if err := c.List(ctx, &events, client.InNamespace("default")); err != nil {
+			t.Fatal(err)
+		}
+		remediated := map[string]bool{}
+		for _, e := range events.Items {
+			if e.Reason != "Remediated" || e.Regarding.Name != "health-workers" {
+				continue
+			}
+			for _, m := range all {
+				if strings.Contains(e.Note, "machine "+m.Name+" ") {
+					remediated[m.Name] = true
+				}
+			}
+		}
+		if len(remediated) != len(gone) {
+			t.Errorf("machines deleted %v, remediated by the events %v", gone, remediated)
+		}
+		for _, name := range gone {
+			if !remediated[name] {
+				t.Errorf("machine %s was deleted without a Remediated event", name)
+			}
+		}
 	})
 
 	if out, err := u.kubectl(t, "delete", "cluster", "health", "--wait=true", "--timeout=3m"); err != nil {

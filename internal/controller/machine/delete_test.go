@@ -250,3 +250,29 @@ func TestExcludeNodeDrainingDeletesAMachineWhoseClusterIsUnreachable(t *testing.
 		t.Errorf("%d agents still run for the deleted machine", n)
 	}
 }
+
+// When a deletion stops waiting for an unreachable workload cluster.
+func TestWithoutCluster(t *testing.T) {
+	deleted := metav1.NewTime(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	tests := []struct {
+		name        string
+		annotations map[string]string
+		timeout     *metav1.Duration
+		after       time.Duration
+		want        string // a part of the reason; "" to wait
+	}{
+		{name: "no timeout: wait for good", after: time.Hour},
+		{name: "within the timeout: wait", timeout: &metav1.Duration{Duration: 30 * time.Second}, after: 29 * time.Second},
+		{name: "timeout passed: go", timeout: &metav1.Duration{Duration: 30 * time.Second}, after: 30 * time.Second, want: "spec.nodeDeletionTimeout (30s) has passed"},
+		{name: "timeout 0s: wait", timeout: &metav1.Duration{}, after: time.Hour},
+		{name: "exclude-node-draining: go at once", annotations: map[string]string{clusterv1.ExcludeNodeDrainingAnnotation: ""}, want: "exclude-node-draining"},
+	}
+	for _, tc := range tests {
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Annotations: tc.annotations, DeletionTimestamp: &deleted}}
+		m.Spec.NodeDeletionTimeout = tc.timeout
+		got := withoutCluster(m, deleted.Add(tc.after))
+		if (got == "") != (tc.want == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
