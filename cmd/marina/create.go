@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,6 +18,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/describe"
+	"marina.dev/marina/internal/names"
 )
 
 // defaultLocalMachine is the providerSpec of machines made without --class.
@@ -131,15 +130,7 @@ const maxWorkersName = validation.DNS1123LabelMaxLength - 1 - 10 - 1 - 5
 // when that is too long, a prefix of NAME and a hash of the whole, so that
 // two long names sharing a prefix still differ.
 func workersName(cluster string) string {
-	const suffix = "-workers"
-	if len(cluster)+len(suffix) <= maxWorkersName {
-		return cluster + suffix
-	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(cluster))
-	sum := fmt.Sprintf("%08x", h.Sum32())
-	prefix := strings.TrimRight(cluster[:maxWorkersName-len(suffix)-len(sum)-1], "-.")
-	return prefix + "-" + sum + suffix
+	return names.Fit(cluster, "-workers", maxWorkersName)
 }
 
 // createAll creates objs, but first sends each to the API server as a

@@ -20,12 +20,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
+	"marina.dev/marina/internal/names"
 	"marina.dev/marina/internal/upgrade"
 )
 
@@ -323,12 +325,15 @@ func (cp *ControlPlane) create(ctx context.Context, cluster *clusterv1.Cluster, 
 // newName names a new control-plane machine: <cluster>-cp-0 for the one
 // that starts the cluster (nothing of the cluster exists before it, so
 // the name is never another member's), <cluster>-cp-<random> otherwise.
+// A cluster name too long for that is shortened with a hash of it
+// (names.Fit): a machine's name is its Node's, a DNS label.
 func newName(cluster string, machines []clusterv1.Machine, init bool) string {
+	base := names.Fit(cluster, "-cp", validation.DNS1123LabelMaxLength-6)
 	if init {
-		return cluster + "-cp-0"
+		return base + "-0"
 	}
 	for {
-		name := cluster + "-cp-" + utilrand.String(5)
+		name := base + "-" + utilrand.String(5)
 		if !slices.ContainsFunc(machines, func(m clusterv1.Machine) bool { return m.Name == name }) {
 			return name
 		}
