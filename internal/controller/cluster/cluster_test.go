@@ -338,3 +338,59 @@ func TestACAThatExpiresSoonIsReported(t *testing.T) {
 		return nil
 	})
 }
+
+// staleMachines is a cache that has not yet seen some machines: what a
+// controller's cache is for a moment after a machine is created. It is a
+// fake at the one edge a test cannot time (how late a watch event comes).
+type staleMachines struct {
+	client.Client
+	unseen map[string]bool
+}
+
+func (s staleMachines) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := s.Client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	if ml, ok := list.(*clusterv1.MachineList); ok {
+		ml.Items = slices.DeleteFunc(ml.Items, func(m clusterv1.Machine) bool { return s.unseen[m.Name] })
+	}
+	return nil
+}
+
+// Issue 22 (finding 8): a Cluster is not let go while one of its machines
+// exists, even one its cache has not seen: the deletion lists machines
+// live, as creation does, so no machine keeps its hook and sandbox after
+// the Cluster is gone.
+func TestDeletionSeesAMachineTheCacheMissed(t *testing.T) {
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	c := newCluster(ns, "late")
+	c.Finalizers = []string{clusterv1.ClusterFinalizer}
+	create(t, c)
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "late-cp-x", Labels: map[string]string{clusterv1.ClusterNameLabel: "late", clusterv1.ControlPlaneLabel: ""}},
+		Spec: clusterv1.MachineSpec{ClusterName: "late", Roles: []clusterv1.MachineRole{clusterv1.ControlPlaneRole},
+			Versions:     clusterv1.MachineVersions{Kubelet: "v1.37.2", ControlPlane: "v1.37.2"},
+			ProviderSpec: c.Spec.ControlPlane.ProviderSpec},
+	}
+	create(t, m)
+	if err := env.Client.Delete(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	c = get(t, ns, "late")
+
+	r := New(staleMachines{Client: env.Client, unseen: map[string]bool{m.Name: true}}, env.Client, nil, Options{})
+	if _, err := r.reconcileDelete(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if !clusterFinalizer.Held(c) {
+		t.Fatal("the cluster's finalizer was removed while its machine late-cp-x exists (the cache had not seen it)")
+	}
+	got := &clusterv1.Machine{}
+	err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: m.Name}, got)
+	if err == nil && got.DeletionTimestamp.IsZero() {
+		t.Error("the machine the cache missed was not deleted with its cluster")
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/controller/controlplane"
 	"marina.dev/marina/internal/controller/finalizer"
+	"marina.dev/marina/internal/controller/index"
 	"marina.dev/marina/provider"
 )
 
@@ -63,10 +64,17 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 }
 
 // machinesOf lists the cluster's machines by spec.clusterName, control
-// plane apart.
+// plane apart. The list is live, not from the cache, as the control plane
+// lists before it creates a machine: a machine created just before the
+// deletion that the cache has not seen yet would otherwise keep its etcd
+// hook and its sandbox after the Cluster is gone (issue 22, finding 8).
 func (r *Reconciler) machinesOf(ctx context.Context, cluster *clusterv1.Cluster) (workers, controlPlane []clusterv1.Machine, err error) {
 	var list clusterv1.MachineList
-	if err := r.client.List(ctx, &list, client.InNamespace(cluster.Namespace)); err != nil {
+	reader := client.Reader(r.client)
+	if r.cp.Live != nil {
+		reader = r.cp.Live
+	}
+	if err := reader.List(ctx, &list, client.InNamespace(cluster.Namespace), client.MatchingFields{index.MachineCluster: cluster.Name}); err != nil {
 		return nil, nil, fmt.Errorf("listing machines: %w", err)
 	}
 	for _, m := range list.Items {
