@@ -131,6 +131,11 @@ func TestUpDeletesMachinesWhoseDrainOrClusterNeverAnswers(t *testing.T) {
 		w := machine("minimal-worker-1")
 		setTimeout(w.Name, "nodeDeletionTimeout", "30s")
 		for _, cp := range controlPlaneMachines(t, ctx, c, key) {
+			// Stopped on purpose: marina would start a killed machine
+			// again, and the cluster must stay down for this test.
+			if out, err := u.kubectl(t, "annotate", "machine", cp.Name, clusterv1.StoppedOnPurposeAnnotation+"=true"); err != nil {
+				t.Fatalf("annotating %s stopped-on-purpose: %v\n%s", cp.Name, err, out)
+			}
 			for _, pid := range processesUnder(filepath.Join(root, string(cp.UID))) {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
