@@ -29,19 +29,7 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) {
-	var err error
-	if env, err = testenv.StartWorkload(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil && code == 0 {
-		fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
-		code = 1
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.MainWorkload(m, &env) }
 
 // The namespace is the one marina init makes.
 func TestNamespaceIsMarinas(t *testing.T) {

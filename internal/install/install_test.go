@@ -2,8 +2,6 @@ package install
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,19 +18,7 @@ import (
 // A real API server without marina's CRDs: what marina init meets.
 var env *testenv.Env
 
-func TestMain(m *testing.M) {
-	var err error
-	if env, err = testenv.StartWorkload(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil && code == 0 {
-		fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
-		code = 1
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.MainWorkload(m, &env) }
 
 func TestOptionsAreChecked(t *testing.T) {
 	for _, tc := range []struct {

@@ -202,6 +202,10 @@ func (e *Env) Stop() error {
 // *env, runs the tests and stops the Env whatever happens.
 func Main(m *testing.M, env **Env) { os.Exit(run(m, env, Start)) }
 
+// MainWorkload is Main with StartWorkload: a bare API server without
+// marina's CRDs, as marina init meets one.
+func MainWorkload(m *testing.M, env **Env) { os.Exit(run(m, env, StartWorkload)) }
+
 // MainWithWebhook is Main with StartWithWebhook.
 func MainWithWebhook(m *testing.M, env **Env, providers ...provider.Provider) {
 	os.Exit(RunWithWebhook(m, env, providers...))
