@@ -170,6 +170,22 @@ type ControlPlaneSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="caSecretRef cannot be changed after creation: every certificate of the cluster is signed by its CA, and marina cannot rotate a cluster's CA yet (replacing the CA inside the referenced Secret breaks the cluster too): create a new cluster with the new CA and move the workloads"
 	CASecretRef *SecretReference `json:"caSecretRef,omitempty"`
 
+	// certificateValidity is how long the certificates a control-plane
+	// machine issues itself (its API server's, its etcd member's, its
+	// components' client certificates) are valid, as kubeadm's
+	// certificateValidityPeriod: 2 years (17520h) when unset, never beyond
+	// the CA. A machine renews them before they end, 30 days before or in
+	// the last third of their life when that is shorter, and restarts its
+	// components on the new ones. A change applies to each machine at its
+	// next renewal, or when it is made or upgraded.
+	//
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(ms|s|m|h))+$')",message="must be a duration like 8760h, 90m or 1h30m (at most 5 digits per unit)"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]{1,5}(ms|s|m|h))+$') || duration(self) >= duration('1m')",message="certificateValidity must be at least 1m: a machine renews its certificates in the last third of their life and restarts its components each time"
+	CertificateValidity *metav1.Duration `json:"certificateValidity,omitempty"`
+
 	// upgradeStrategy is how a version change is carried out.
 	//
 	// +optional

@@ -360,6 +360,12 @@ var invalidCases = []invalidCase{
 	{name: "upgrade step timeout that is not a duration", base: validCluster,
 		create: []change{set(obj{"stepTimeout": "ten minutes"}, "spec", "controlPlane", "upgradeStrategy")},
 		want:   `spec.controlPlane.upgradeStrategy.stepTimeout: Invalid value: "ten minutes": must be a duration like 10m, 90s or 1h30m`},
+	{name: "certificate validity shorter than a minute", base: validCluster,
+		create: []change{set("30s", "spec", "controlPlane", "certificateValidity")},
+		want:   `spec.controlPlane.certificateValidity: Invalid value: "30s": certificateValidity must be at least 1m`},
+	{name: "certificate validity that is not a duration", base: validCluster,
+		create: []change{set("a year", "spec", "controlPlane", "certificateValidity")},
+		want:   `spec.controlPlane.certificateValidity: Invalid value: "a year": must be a duration like 8760h`},
 	// A rule on the root cannot name metadata.name as its fieldPath (the
 	// schema does not describe metadata's fields), so the message does.
 	{name: "cluster name too long for a label", base: validCluster,

@@ -246,6 +246,11 @@ func (in *ControlPlaneSpec) DeepCopyInto(out *ControlPlaneSpec) {
 		*out = new(SecretReference)
 		**out = **in
 	}
+	if in.CertificateValidity != nil {
+		in, out := &in.CertificateValidity, &out.CertificateValidity
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	in.UpgradeStrategy.DeepCopyInto(&out.UpgradeStrategy)
 }
 

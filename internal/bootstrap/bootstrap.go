@@ -120,6 +120,9 @@ type Machine struct {
 	// machine was made with): a component's settings change with its
 	// version, so rolling a step back restores both.
 	SettingsByVersion map[string]clusterv1.ControlPlaneComponents
+	// CertValidity is how long the certificates issued for the machine are
+	// valid; zero: pki.LeafValidity.
+	CertValidity time.Duration
 	// BinDir is the absolute directory holding the pinned binaries,
 	// <component>-<version>.
 	BinDir string

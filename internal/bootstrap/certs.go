@@ -49,7 +49,7 @@ func (in *input) certificates(b *Bundle, now time.Time) error {
 		return nil
 	}
 	issue := func(ca *pki.KeyPair, spec pki.CertSpec, certPath, keyPath string) error {
-		kp, err := ca.IssueAt(spec, now)
+		kp, err := ca.IssueFor(spec, now, in.CertValidity)
 		if err != nil {
 			return fmt.Errorf("issuing %s: %w", certPath, err)
 		}
@@ -120,7 +120,7 @@ func (in *input) certificates(b *Bundle, now time.Time) error {
 // API server of its own version, never an older one (the version skew
 // policy), whichever backend the balancer would have picked.
 func (in *input) localKubeconfig(user string, now time.Time) ([]byte, error) {
-	client, err := in.PKI.CA.IssueAt(pki.CertSpec{CommonName: user, Usage: pki.ClientAuth}, now)
+	client, err := in.PKI.CA.IssueFor(pki.CertSpec{CommonName: user, Usage: pki.ClientAuth}, now, in.CertValidity)
 	if err != nil {
 		return nil, fmt.Errorf("issuing the client certificate of %s: %w", user, err)
 	}

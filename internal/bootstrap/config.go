@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
@@ -31,6 +32,9 @@ type Config struct {
 	PKI         PKI                              `json:"pki"`
 	// Etcd: exactly one of Stacked and External.
 	Etcd ConfigEtcd `json:"etcd"`
+	// CertValidity is how long the machine's certificates are valid
+	// (spec.controlPlane.certificateValidity); zero: pki.LeafValidity.
+	CertValidity time.Duration `json:"certValidity,omitempty"`
 }
 
 // PKI is a cluster's key material as PEM. The Etcd pair is absent with

@@ -2,7 +2,9 @@ package nodeagent
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -102,6 +104,7 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 		Etcd:              etcd,
 		Overrides:         versions.ControlPlane,
 		SettingsByVersion: versions.Settings,
+		CertValidity:      cfg.CertValidity,
 	}
 	bundle, err := bootstrap.ControlPlane(machine, time.Now())
 	if err != nil {
@@ -124,6 +127,7 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 	if promote != nil {
 		go promote(ctx)
 	}
+	go cp.keepCertificates(ctx, dir)
 	cs, err := nodeClient(b, set.CA)
 	if err != nil {
 		return nil, nil, err
@@ -391,3 +395,66 @@ func (a *agent) keepVersions(ctx context.Context, node nodeRef) {
 }
 
 var metav1PatchOptions = metav1.PatchOptions{FieldManager: fieldManager}
+
+// keepCertificates renews the machine's certificates before they end
+// (pki.NeedsRenewal: 30 days before, or in the last third of a short
+// life) and restarts its components on the new ones: kube-controller-
+// manager and kube-scheduler hold their client certificates in their
+// kubeconfigs, read once, and a restart is the one way every component
+// surely takes its new files. It sleeps until the renewal is due, and at
+// most an hour, so a clock that jumps is noticed (issue 22, finding 7).
+func (cp *controlPlane) keepCertificates(ctx context.Context, dir string) {
+	for {
+		wait := time.Hour
+		cert, err := readCertificate(filepath.Join(dir, bootstrap.APIServerCert))
+		switch {
+		case err != nil:
+			cp.log.Error(err, "Reading the API server's certificate failed; looking again in a minute")
+			wait = time.Minute
+		case pki.NeedsRenewal(cert, time.Now()):
+			if err := cp.renewCertificates(); err != nil {
+				cp.log.Error(err, "Renewing the machine's certificates failed; trying again in a minute", "notAfter", cert.NotAfter)
+				wait = time.Minute
+				break
+			}
+			continue
+		default:
+			wait = min(wait, time.Until(cert.NotAfter.Add(-pki.RenewalMargin(cert))))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(max(wait, time.Second)):
+		}
+	}
+}
+
+// renewCertificates writes the machine's files anew, certificates issued
+// now, and restarts the components on them.
+func (cp *controlPlane) renewCertificates() error {
+	cp.mu.Lock()
+	bundle, err := bootstrap.ControlPlane(cp.machine, time.Now())
+	if err == nil {
+		err = bundle.Write()
+	}
+	cp.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("writing renewed certificates: %w", err)
+	}
+	cp.supervisor.Restart("certificates renewed")
+	cp.log.Info("Renewed the machine's certificates and restarted its components")
+	return nil
+}
+
+// readCertificate reads the first certificate of a PEM file.
+func readCertificate(path string) (*x509.Certificate, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	block, _ := pem.Decode(data)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return x509.ParseCertificate(block.Bytes)
+}

@@ -98,6 +98,16 @@ func (k *KeyPair) Issue(spec CertSpec) (*KeyPair, error) { return k.IssueAt(spec
 // IssueAt signs a new leaf certificate with the CA, valid from now (less an
 // hour, for clocks that lag), for callers that take the time as an argument.
 func (k *KeyPair) IssueAt(spec CertSpec, now time.Time) (*KeyPair, error) {
+	return k.IssueFor(spec, now, LeafValidity)
+}
+
+// IssueFor is IssueAt for a certificate valid for validity (LeafValidity
+// when zero), never beyond the CA. It is backdated by an hour for clocks
+// that lag, or a tenth of validity when that is shorter.
+func (k *KeyPair) IssueFor(spec CertSpec, now time.Time, validity time.Duration) (*KeyPair, error) {
+	if validity <= 0 {
+		validity = LeafValidity
+	}
 	if !k.Cert.IsCA {
 		return nil, errors.New("issuing certificate: signer is not a CA")
 	}
@@ -112,8 +122,8 @@ func (k *KeyPair) IssueAt(spec CertSpec, now time.Time) (*KeyPair, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: spec.CommonName, Organization: spec.Organizations},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     minTime(now.Add(LeafValidity), k.Cert.NotAfter),
+		NotBefore:    now.Add(-min(time.Hour, validity/10)),
+		NotAfter:     minTime(now.Add(validity), k.Cert.NotAfter),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		DNSNames:     spec.DNSNames,
 		IPAddresses:  spec.IPs,
@@ -127,9 +137,17 @@ func (k *KeyPair) IssueAt(spec CertSpec, now time.Time) (*KeyPair, error) {
 	return sign(tmpl, k.Cert, key, k.Key)
 }
 
-// NeedsRenewal reports whether a certificate expires soon and should be reissued.
+// NeedsRenewal reports whether a certificate expires soon and should be
+// reissued: within renewBefore of its end, or within the last third of its
+// life when that is shorter, so that a certificate made to live only hours
+// is not renewed from the moment it is made.
 func NeedsRenewal(cert *x509.Certificate, now time.Time) bool {
-	return now.Add(renewBefore).After(cert.NotAfter)
+	return now.Add(RenewalMargin(cert)).After(cert.NotAfter)
+}
+
+// RenewalMargin is how long before its end a certificate is renewed.
+func RenewalMargin(cert *x509.Certificate) time.Duration {
+	return min(renewBefore, cert.NotAfter.Sub(cert.NotBefore)/3)
 }
 
 func sign(tmpl, parent *x509.Certificate, key *ecdsa.PrivateKey, signer crypto.Signer) (*KeyPair, error) {

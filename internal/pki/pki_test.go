@@ -121,3 +121,34 @@ func TestIssueAtTakesValidityFromTheGivenTime(t *testing.T) {
 		t.Errorf("NotAfter = %s, want %s", leaf.Cert.NotAfter, want)
 	}
 }
+
+// Issue 22 (finding 7): a certificate is renewed before it ends, 30 days
+// before for the long-lived ones, within the last third of its life for
+// short ones (a machine's certificates under a short
+// certificateValidity), and never from the moment it is made.
+func TestRenewalComesBeforeTheEndAndNotAtTheStart(t *testing.T) {
+	ca, err := NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, validity := range []time.Duration{90 * time.Second, time.Hour, 24 * time.Hour, LeafValidity} {
+		leaf, err := ca.IssueFor(CertSpec{CommonName: "x", Usage: ServerAuth}, now, validity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := leaf.Cert.NotAfter.Sub(now); got > validity || got < validity-time.Second {
+			t.Errorf("validity %s: the certificate ends %s after now", validity, got)
+		}
+		if NeedsRenewal(leaf.Cert, now) {
+			t.Errorf("validity %s: renewal asked for at issue", validity)
+		}
+		margin := RenewalMargin(leaf.Cert)
+		if margin <= 0 || margin > 30*24*time.Hour || margin >= validity/2 {
+			t.Errorf("validity %s: renewed %s before the end", validity, margin)
+		}
+		if !NeedsRenewal(leaf.Cert, leaf.Cert.NotAfter.Add(-margin+time.Second)) {
+			t.Errorf("validity %s: no renewal %s before the end", validity, margin-time.Second)
+		}
+	}
+}

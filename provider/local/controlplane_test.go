@@ -272,19 +272,23 @@ func newClusterPKI(t *testing.T) *clusterpki.Set {
 
 // controlPlaneRequest is a control-plane machine of cluster "cp-test" with
 // stacked etcd, joining through join (none: the first member).
-func controlPlaneRequest(t *testing.T, name string, set *clusterpki.Set, version string, join []string) *provider.Request {
+func controlPlaneRequest(t *testing.T, name string, set *clusterpki.Set, version string, join []string, edits ...func(*bootstrap.Config)) *provider.Request {
 	t.Helper()
 	keys, err := bootstrap.PKIOf(set)
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, err := bootstrap.EncodeConfig(&bootstrap.Config{
+	cfg := &bootstrap.Config{
 		ClusterName: "cp-test",
 		Endpoint:    "cp-test.marina.invalid:6443",
 		Version:     version,
 		PKI:         keys,
 		Etcd:        bootstrap.ConfigEtcd{Stacked: &bootstrap.ConfigStackedEtcd{Join: join}},
-	})
+	}
+	for _, edit := range edits {
+		edit(cfg)
+	}
+	doc, err := bootstrap.EncodeConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

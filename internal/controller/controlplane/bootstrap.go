@@ -47,6 +47,9 @@ func (cp *ControlPlane) Bootstrap(ctx context.Context, m *clusterv1.Machine) ([]
 		Components:  cluster.Spec.ControlPlane.Components,
 		PKI:         keys,
 	}
+	if v := cluster.Spec.ControlPlane.CertificateValidity; v != nil {
+		cfg.CertValidity = v.Duration
+	}
 	if stacked(cluster) {
 		join, err := cp.joinURLs(ctx, cluster, m)
 		if err != nil {

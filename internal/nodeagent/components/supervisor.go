@@ -67,6 +67,9 @@ type Supervisor struct {
 	mu     sync.Mutex
 	status map[string]Status // what Status returns
 
+	// restart carries Restart's requests to the Run goroutine.
+	restart chan string
+
 	// Owned by the Run goroutine.
 	log      logr.Logger
 	spawner  *process.Spawner
@@ -97,7 +100,18 @@ type component struct {
 
 // New returns a Supervisor of the components of sandbox dir; Run starts it.
 func New(dir string, opts Options) *Supervisor {
-	return &Supervisor{dir: dir, opts: opts.withDefaults(), status: map[string]Status{}}
+	return &Supervisor{dir: dir, opts: opts.withDefaults(), status: map[string]Status{}, restart: make(chan string, 1)}
+}
+
+// Restart stops every running component, each started again at once from
+// its manifest, as after a change of the manifest: for what a component
+// reads only when it starts (its certificates, when they are renewed). It
+// does not wait; a restart asked while one is pending is the same one.
+func (s *Supervisor) Restart(reason string) {
+	select {
+	case s.restart <- reason:
+	default:
+	}
 }
 
 // Status returns the status of every component, by name: the content of the
@@ -152,6 +166,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		case c := <-s.exits:
 			s.exited(c)
+		case reason := <-s.restart:
+			for _, c := range s.comps {
+				if c.child != nil {
+					s.stop(c, reason)
+				}
+			}
 		case <-timer.C:
 		}
 	}

@@ -364,3 +364,29 @@ func TestComponentIgnoringSIGTERMIsKilledAfterTheGraceOnAChange(t *testing.T) {
 		t.Errorf("after the change: %+v (last exit %+v), want v3.6.16 after the old one was killed past its grace", st, st.LastExit)
 	}
 }
+
+// Restart stops every running component and starts each again at once,
+// as expected exits (no backoff): what a machine does once its
+// certificates are renewed, for what components read only at start.
+func TestRestartStartsEveryComponentAgainAtOnce(t *testing.T) {
+	t.Parallel()
+	h := supervise(t, Options{})
+	h.write("etcd", sleeper("v3.6.16", ""))
+	h.write("kube-apiserver", sleeper("v1.37.2", ""))
+	_, etcd := h.waitRunning("etcd")
+	_, api := h.waitRunning("kube-apiserver")
+
+	h.s.Restart("certificates renewed")
+	st, _ := h.waitRunning("etcd", etcd.pid)
+	if st.LastExit == nil || !st.LastExit.Expected {
+		t.Errorf("etcd's last exit %+v, want an expected stop", st.LastExit)
+	}
+	if got := st.Started.Sub(st.LastExit.At); got >= time.Second {
+		t.Errorf("etcd came back %s after it stopped, want at once", got)
+	}
+	h.waitRunning("kube-apiserver", api.pid)
+	waitGone(t, "the components' first processes", etcd, api)
+	if !strings.Contains(h.log.String(), `reason="certificates renewed"`) {
+		t.Errorf("the log does not say why the components were stopped:\n%s", h.log)
+	}
+}
