@@ -220,7 +220,8 @@ func footprint(s Set) int32 { return max(s.Replicas, s.Actual) }
 // machine is replaced only after someone deletes it. Each old set keeps
 // just the machines it still has (not being deleted), so a deleted machine
 // is never re-created from an old template; the new set makes up the
-// difference. A lower replicas is taken from old sets first, oldest first.
+// difference. A lower replicas is taken from machines marked for deletion
+// first, then from old sets, oldest first.
 func OnDelete(in Input) Plan {
 	plan := Plan{Old: map[string]int32{}}
 	old := append([]Set(nil), in.Old...)
@@ -231,11 +232,25 @@ func OnDelete(in Input) Plan {
 		target[i] = max(min(s.Replicas, s.Actual-s.Deleting), 0)
 		total += target[i]
 	}
-	// Machines of the current template are the last to go.
-	room := in.Replicas
+	var newReplicas int32
 	if in.New != nil {
-		room = max(in.Replicas-in.New.Replicas, 0)
+		newReplicas = in.New.Replicas
 	}
+	// A scale-down takes the machines marked for deletion first, whichever
+	// set holds them (as Scale does for a rolling update).
+	if down := total + newReplicas - in.Replicas; down > 0 {
+		for i, s := range old {
+			cut := min(s.Marked, target[i], down)
+			target[i] -= cut
+			total -= cut
+			down -= cut
+		}
+		if in.New != nil {
+			newReplicas -= min(in.New.Marked, newReplicas, down)
+		}
+	}
+	// Then machines of the current template are the last to go.
+	room := max(in.Replicas-newReplicas, 0)
 	for i := range old {
 		if total <= room {
 			break

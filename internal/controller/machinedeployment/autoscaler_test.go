@@ -36,9 +36,10 @@ import (
 //     cluster.x-k8s.io/deployment-name label;
 //   - a node group's machines are those matching spec.selector with
 //     spec.clusterName; a machine's set is its owner reference of kind
-//     MachineSet; a machine without spec.providerID is tied to its Node by
-//     status.nodeRef.name, and a Node to its machine by the <group>/machine
-//     and <group>/cluster-namespace annotations;
+//     MachineSet; a machine is tied to its Node by spec.providerID (before
+//     the machine controller copied it there, by status.nodeRef.name), and
+//     a Node to its machine by the <group>/machine and
+//     <group>/cluster-namespace annotations too;
 //   - scaling reads and writes the scale subresource; removing a given node
 //     annotates its Machine with <group>/delete-machine, then lowers replicas.
 func TestAutoscalerContract(t *testing.T) {
@@ -176,6 +177,12 @@ func TestAutoscalerContract(t *testing.T) {
 		if node.Spec.ProviderID == "" || node.Spec.ProviderID != m.Status.ProviderID {
 			t.Errorf("node %s providerID %q, machine %q", node.Name, node.Spec.ProviderID, m.Status.ProviderID)
 		}
+		testenv.Eventually(t, 30*time.Second, "spec.providerID", func() error {
+			if got := unstructuredOf(t, &m).str("spec", "providerID"); got != node.Spec.ProviderID {
+				return fmt.Errorf("machine %s spec.providerID %q, node's %q", m.Name, got, node.Spec.ProviderID)
+			}
+			return nil
+		})
 		testenv.Eventually(t, 30*time.Second, "node annotations", func() error {
 			if err := workload.Client.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
 				return err
