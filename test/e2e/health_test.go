@@ -20,8 +20,6 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/testenv"
-	"marina.dev/marina/provider"
-	"marina.dev/marina/provider/local"
 )
 
 // Issue: health and safety. examples/health: ten workers under a health
@@ -246,6 +244,11 @@ func TestUpRemediatesADeadWorkerButNotAStorm(t *testing.T) {
 			if i > 0 {
 				watch(6 * time.Second)
 			}
+			// Stopped on purpose, or marina would start it again at once:
+			// the storm is an outage that lasts.
+			if out, err := u.kubectl(t, "annotate", "machine", m.Name, clusterv1.StoppedOnPurposeAnnotation+"=true"); err != nil {
+				t.Fatalf("annotating %s stopped-on-purpose: %v\n%s", m.Name, err, out)
+			}
 			t.Logf("%.0fs: killing the agent of %s", time.Since(start).Seconds(), m.Name)
 			for _, pid := range processesUnder(filepath.Join(root, string(m.UID))) {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -270,18 +273,14 @@ func TestUpRemediatesADeadWorkerButNotAStorm(t *testing.T) {
 			t.Errorf("%d remediations recorded within nodeStartupTimeout: %+v", n, mhc.Status.RecentRemediations)
 		}
 
-		// The rest come back: their agents restart, as after a reboot.
-		p, err := local.New(local.Options{Root: root, AgentCommand: []string{marinaBin, "node-agent"}, LoadBalancerCommand: []string{marinaBin, "load-balancer"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The rest come back: the outage ends, and marina starts the
+		// stopped machines again (issue 25).
 		for _, m := range victims {
 			if slices.Contains(gone, m.Name) {
 				continue
 			}
-			_, err := p.Create(ctx, &provider.Request{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Machine: m.Spec, ProviderSpec: m.Spec.ProviderSpec.Raw})
-			if err != nil {
-				t.Fatalf("restarting the agent of %s: %v", m.Name, err)
+			if out, err := u.kubectl(t, "annotate", "machine", m.Name, clusterv1.StoppedOnPurposeAnnotation+"-"); err != nil {
+				t.Fatalf("ending the outage of %s: %v\n%s", m.Name, err, out)
 			}
 		}
 		testenv.Eventually(t, 3*time.Minute, "all 10 healthy again", func() error {
