@@ -55,7 +55,7 @@ test-deps: ## Install podman and runc, which the e2e tests run marina's image wi
 
 .PHONY: test
 test: setup test-deps lint ## Build what the tests need, then run every test
-	go test -count=1 -timeout 30m ./...
+	go test -count=1 -timeout 45m ./...
 
 .PHONY: run
 run: setup build ## Build what is missing and start the embedded management plane (marina up)
