@@ -3,15 +3,19 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/testenv"
 )
 
@@ -44,31 +48,50 @@ spec:
 	w := startWriter(ctx, workloadClient(t, ctx, c, key))
 	defer w.stop()
 
+	// A watch sees every new Machine as it is created, before the machine
+	// controller could record an address on it (status is written apart,
+	// after the provider answers); polling a list could miss that moment.
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(u.stateDir, "admin.kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchCtx, stopWatch := context.WithTimeout(ctx, 3*time.Minute)
+	defer stopWatch()
+	events, err := wc.Watch(watchCtx, &clusterv1.MachineList{}, client.InNamespace("default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Stop()
+
 	if out, err := u.kubectl(t, "patch", "cluster", "early", "--type=merge", "-p", `{"spec":{"controlPlane":{"replicas":3}}}`); err != nil {
 		t.Fatalf("kubectl patch: %v\n%s", err, out)
 	}
-	// Looked for every 20ms: the provider takes longer than that to make
-	// a machine and record its address.
 	var deleted []string
-	for deadline := time.Now().Add(3 * time.Minute); len(deleted) < 2; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d new control-plane machines were seen without an address", len(deleted))
+	for len(deleted) < 2 {
+		ev, ok := <-events.ResultChan()
+		if !ok {
+			t.Fatalf("only %d new control-plane machines were seen without an address in 3 minutes", len(deleted))
 		}
-		for _, m := range controlPlaneMachines(t, ctx, c, key) {
-			if m.Name == "early-cp-0" || !m.DeletionTimestamp.IsZero() || len(m.Status.Addresses) > 0 || len(deleted) == 2 {
+		m, isMachine := ev.Object.(*clusterv1.Machine)
+		if !isMachine || ev.Type != watch.Added || m.Spec.ClusterName != "early" || m.Name == "early-cp-0" ||
+			!m.DeletionTimestamp.IsZero() || len(m.Status.Addresses) > 0 {
+			continue
+		}
+		uid := m.UID
+		if err := c.Delete(ctx, m, client.Preconditions{UID: &uid}); err != nil {
+			if apierrors.IsNotFound(err) {
 				continue
 			}
-			uid := m.UID
-			if err := c.Delete(ctx, &m, client.Preconditions{UID: &uid}); err != nil {
-				if apierrors.IsNotFound(err) {
-					continue
-				}
-				t.Fatal(err)
-			}
-			t.Logf("%s: deleted %s before it had an address", time.Now().Format("15:04:05.000"), m.Name)
-			deleted = append(deleted, m.Name)
+			t.Fatal(err)
 		}
+		t.Logf("%s: deleted %s as it was created, before it had an address", time.Now().Format("15:04:05.000"), m.Name)
+		deleted = append(deleted, m.Name)
 	}
+	events.Stop()
 	waitControlPlane(t, ctx, c, key, 3, 6*time.Minute)
 	for _, m := range controlPlaneMachines(t, ctx, c, key) {
 		for _, name := range deleted {
