@@ -176,8 +176,9 @@ type ControlPlaneSpec struct {
 	// certificateValidityPeriod: 2 years (17520h) when unset, never beyond
 	// the CA. A machine renews them before they end, 30 days before or in
 	// the last third of their life when that is shorter, and restarts its
-	// components on the new ones. A change applies to each machine at its
-	// next renewal, or when it is made or upgraded.
+	// API server, controller manager and scheduler on the new ones (etcd
+	// reads its own again for every connection). A change applies to each
+	// machine at its next renewal, or when it is made or upgraded.
 	//
 	// +optional
 	// +kubebuilder:validation:Type=string

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -397,29 +398,46 @@ func (a *agent) keepVersions(ctx context.Context, node nodeRef) {
 var metav1PatchOptions = metav1.PatchOptions{FieldManager: fieldManager}
 
 // keepCertificates renews the machine's certificates before they end
-// (pki.NeedsRenewal: 30 days before, or in the last third of a short
-// life) and restarts its components on the new ones: kube-controller-
-// manager and kube-scheduler hold their client certificates in their
-// kubeconfigs, read once, and a restart is the one way every component
-// surely takes its new files. It sleeps until the renewal is due, and at
-// most an hour, so a clock that jumps is noticed (issue 22, finding 7).
+// (renewalDue) and restarts the components that read theirs only when
+// they start: kube-controller-manager and kube-scheduler hold their client
+// certificates in their kubeconfigs, and kube-apiserver its clients' to
+// etcd and the kubelets. etcd is not restarted: it reads its certificates
+// again for every new connection, and restarting every member of a
+// cluster at once would cost the quorum. It sleeps until the renewal is
+// due, and at most an hour, so a clock that jumps is noticed (issue 22,
+// finding 7).
 func (cp *controlPlane) keepCertificates(ctx context.Context, dir string) {
+	cp.mu.Lock()
+	caEnd := cp.machine.PKI.CA.Cert.NotAfter
+	cp.mu.Unlock()
+	// Drawn once per agent: machines started together (a cluster made at
+	// once, a host rebooted) renew at different times.
+	jitter := rand.Float64()
+	toldCAEnds := false
 	for {
 		wait := time.Hour
 		cert, err := readCertificate(filepath.Join(dir, bootstrap.APIServerCert))
-		switch {
-		case err != nil:
+		if err != nil {
 			cp.log.Error(err, "Reading the API server's certificate failed; looking again in a minute")
 			wait = time.Minute
-		case pki.NeedsRenewal(cert, time.Now()):
-			if err := cp.renewCertificates(); err != nil {
-				cp.log.Error(err, "Renewing the machine's certificates failed; trying again in a minute", "notAfter", cert.NotAfter)
-				wait = time.Minute
-				break
+		} else {
+			due, worthIt := renewalDue(cert, caEnd, jitter)
+			switch {
+			case !worthIt:
+				if !toldCAEnds {
+					cp.log.Info("Not renewing the machine's certificates: a new one would end no later, with the cluster CA", "caNotAfter", caEnd)
+					toldCAEnds = true
+				}
+			case !time.Now().Before(due):
+				if err := cp.renewCertificates(); err != nil {
+					cp.log.Error(err, "Renewing the machine's certificates failed; trying again in a minute", "notAfter", cert.NotAfter)
+					wait = time.Minute
+				} else {
+					wait = time.Second
+				}
+			default:
+				wait = min(wait, time.Until(due))
 			}
-			continue
-		default:
-			wait = min(wait, time.Until(cert.NotAfter.Add(-pki.RenewalMargin(cert))))
 		}
 		select {
 		case <-ctx.Done():
@@ -429,8 +447,20 @@ func (cp *controlPlane) keepCertificates(ctx context.Context, dir string) {
 	}
 }
 
+// renewalDue is when a machine renews a certificate: once its renewal
+// margin has begun (pki.RenewalMargin), later by jitter (0 to 1) times a
+// third of the margin. worthIt is false when a new certificate would end
+// no later than this one, because the cluster CA ends first: renewing
+// then would only restart the components, ever more often as the CA's end
+// nears (the cluster reports CAExpiringSoon instead).
+func renewalDue(cert *x509.Certificate, caEnd time.Time, jitter float64) (due time.Time, worthIt bool) {
+	margin := pki.RenewalMargin(cert)
+	due = cert.NotAfter.Add(-margin).Add(time.Duration(jitter * float64(margin) / 3))
+	return due, caEnd.After(cert.NotAfter.Add(time.Minute))
+}
+
 // renewCertificates writes the machine's files anew, certificates issued
-// now, and restarts the components on them.
+// now, and restarts the components that read theirs only at start.
 func (cp *controlPlane) renewCertificates() error {
 	cp.mu.Lock()
 	bundle, err := bootstrap.ControlPlane(cp.machine, time.Now())
@@ -441,7 +471,7 @@ func (cp *controlPlane) renewCertificates() error {
 	if err != nil {
 		return fmt.Errorf("writing renewed certificates: %w", err)
 	}
-	cp.supervisor.Restart("certificates renewed")
+	cp.supervisor.Restart("certificates renewed", bootstrap.APIServer, bootstrap.ControllerManager, bootstrap.Scheduler)
 	cp.log.Info("Renewed the machine's certificates and restarted its components")
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -68,7 +69,7 @@ type Supervisor struct {
 	status map[string]Status // what Status returns
 
 	// restart carries Restart's requests to the Run goroutine.
-	restart chan string
+	restart chan restartRequest
 
 	// Owned by the Run goroutine.
 	log      logr.Logger
@@ -100,18 +101,24 @@ type component struct {
 
 // New returns a Supervisor of the components of sandbox dir; Run starts it.
 func New(dir string, opts Options) *Supervisor {
-	return &Supervisor{dir: dir, opts: opts.withDefaults(), status: map[string]Status{}, restart: make(chan string, 1)}
+	return &Supervisor{dir: dir, opts: opts.withDefaults(), status: map[string]Status{}, restart: make(chan restartRequest, 4)}
 }
 
-// Restart stops every running component, each started again at once from
-// its manifest, as after a change of the manifest: for what a component
-// reads only when it starts (its certificates, when they are renewed). It
-// does not wait; a restart asked while one is pending is the same one.
-func (s *Supervisor) Restart(reason string) {
+// Restart stops the named running components (every one when none is
+// named), each started again at once from its manifest, as after a change
+// of the manifest: for what a component reads only when it starts (its
+// certificates, when they are renewed). It does not wait, and drops a
+// request when several are already pending.
+func (s *Supervisor) Restart(reason string, names ...string) {
 	select {
-	case s.restart <- reason:
+	case s.restart <- restartRequest{reason: reason, names: names}:
 	default:
 	}
+}
+
+type restartRequest struct {
+	reason string
+	names  []string
 }
 
 // Status returns the status of every component, by name: the content of the
@@ -166,10 +173,10 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		case c := <-s.exits:
 			s.exited(c)
-		case reason := <-s.restart:
-			for _, c := range s.comps {
-				if c.child != nil {
-					s.stop(c, reason)
+		case req := <-s.restart:
+			for name, c := range s.comps {
+				if c.child != nil && (len(req.names) == 0 || slices.Contains(req.names, name)) {
+					s.stop(c, req.reason)
 				}
 			}
 		case <-timer.C:
