@@ -62,13 +62,28 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		}
 	}
 	node, err := r.nodeForDeletion(ctx, m, prov, cl)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if node != nil {
-		if res, done, err := r.drain(ctx, m, cl, node); !done || err != nil {
-			return res, err
+	if err == nil && node != nil {
+		var res ctrl.Result
+		var done bool
+		if res, done, err = r.drain(ctx, m, cl, node); err == nil && !done {
+			return res, nil
 		}
+	}
+	if err != nil {
+		// The cluster answered the lookup, then failed the Node's
+		// lookup or its drain (its API server went down behind its
+		// balancer): spec.nodeDeletionTimeout bounds that as it bounds
+		// the lookup.
+		if _, bounded := deletionDeadline(m); !bounded {
+			return ctrl.Result{}, err
+		}
+		now := time.Now()
+		why := withoutCluster(m, now)
+		if why == "" {
+			return r.waitForCluster(ctx, m, err, now)
+		}
+		r.nodeNotDeleted(m, fmt.Sprintf("cluster %s fails to drain or find the node (%v), and %s", m.Spec.ClusterName, err, why))
+		node = nil
 	}
 	if r.crashed("after-drain") {
 		return ctrl.Result{}, errCrash
