@@ -197,6 +197,16 @@ const (
 	// endpoint and its provider cannot make one.
 	ClusterEndpointUnavailableReason = "EndpointUnavailable"
 
+	// ClusterControlPlaneMachinesOwnedCondition is False while machines
+	// carry this cluster's control-plane labels without the Cluster being
+	// their controller (metadata.ownerReferences): the control plane does
+	// not count them, bootstrap them, scale, upgrade or delete them. It is
+	// absent when every such machine is the Cluster's.
+	ClusterControlPlaneMachinesOwnedCondition = "ControlPlaneMachinesOwned"
+	// ClusterUnownedControlPlaneMachineReason: the message names the
+	// machines labelled as this cluster's control plane that it does not own.
+	ClusterUnownedControlPlaneMachineReason = "UnownedControlPlaneMachine"
+
 	// ClusterEtcdHealthyCondition is True when every etcd member is healthy
 	// and the cluster has quorum (M14).
 	ClusterEtcdHealthyCondition = "EtcdHealthy"

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/capabilities"
@@ -117,6 +118,9 @@ func clusterAt(t *testing.T, env *testenv.Env, ns, name, version string) {
 			Versions:     clusterv1.MachineVersions{Kubelet: v, ControlPlane: v},
 			ProviderSpec: spec,
 		},
+	}
+	if err := controllerutil.SetControllerReference(cluster, m, env.Client.Scheme()); err != nil {
+		t.Fatal(err)
 	}
 	if err := env.Client.Create(ctx, m); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/duration"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/controlplane"
 )
 
 // Objects are a cluster and what belongs to it, as listed from the
@@ -57,7 +58,8 @@ func Cluster(o Objects, now time.Time) *Node {
 
 	cp := &Node{Kind: "ControlPlane", Name: "", Version: c.Status.ControlPlane.Version}
 	cp.Ready, cp.Reason, cp.Message = readiness(c.Status.Conditions, clusterv1.ClusterControlPlaneReadyCondition)
-	cp.Conditions = pick(c.Status.Conditions, clusterv1.ClusterControlPlaneReadyCondition, clusterv1.ClusterEtcdHealthyCondition, clusterv1.ClusterUpgradeProgressingCondition)
+	cp.Conditions = pick(c.Status.Conditions, clusterv1.ClusterControlPlaneReadyCondition, clusterv1.ClusterEtcdHealthyCondition, clusterv1.ClusterUpgradeProgressingCondition,
+		clusterv1.ClusterControlPlaneMachinesOwnedCondition)
 	want := max(c.Spec.ControlPlane.Replicas, 1)
 	cp.Phase = fmt.Sprintf("%d/%d ready", c.Status.ControlPlane.ReadyReplicas, want)
 	root.Children = append(root.Children, cp)
@@ -67,7 +69,10 @@ func Cluster(o Objects, now time.Time) *Node {
 	owned := map[string]bool{}
 	for i := range machines {
 		m := &machines[i]
-		if _, isCP := m.Labels[clusterv1.ControlPlaneLabel]; isCP {
+		// A labelled machine the Cluster does not own is no member of its
+		// control plane (ControlPlaneMachinesOwned names it): shown with
+		// the loose machines.
+		if _, isCP := m.Labels[clusterv1.ControlPlaneLabel]; isCP && controlplane.Owns(c, m) {
 			cp.Children = append(cp.Children, machineNode(m, now))
 			owned[m.Name] = true
 		}

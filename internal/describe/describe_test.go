@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 )
@@ -25,7 +26,7 @@ func cond(t, status, reason, msg string) metav1.Condition {
 }
 
 func cluster(phase clusterv1.ClusterPhase, ready int32, conds ...metav1.Condition) *clusterv1.Cluster {
-	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ha", Namespace: "default", CreationTimestamp: ago(10 * time.Minute)}}
+	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ha", Namespace: "default", UID: "ha-uid", CreationTimestamp: ago(10 * time.Minute)}}
 	c.Spec.ControlPlane.Version = "v1.37.2"
 	c.Spec.ControlPlane.Replicas = 3
 	c.Status.Phase = phase
@@ -36,7 +37,8 @@ func cluster(phase clusterv1.ClusterPhase, ready int32, conds ...metav1.Conditio
 
 func cpMachine(name string, phase clusterv1.MachinePhase, versions bool, conds ...metav1.Condition) clusterv1.Machine {
 	m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: ago(9 * time.Minute),
-		Labels: map[string]string{clusterv1.ControlPlaneLabel: ""}}}
+		Labels:          map[string]string{clusterv1.ControlPlaneLabel: ""},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: "ha", UID: "ha-uid", Controller: ptr.To(true)}}}}
 	m.Spec.Versions.Kubelet = "v1.37.2"
 	m.Status.Phase = phase
 	m.Status.Conditions = conds

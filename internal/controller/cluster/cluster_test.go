@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
@@ -372,6 +373,9 @@ func TestDeletionSeesAMachineTheCacheMissed(t *testing.T) {
 		Spec: clusterv1.MachineSpec{ClusterName: "late", Roles: []clusterv1.MachineRole{clusterv1.ControlPlaneRole},
 			Versions:     clusterv1.MachineVersions{Kubelet: "v1.37.2", ControlPlane: "v1.37.2"},
 			ProviderSpec: c.Spec.ControlPlane.ProviderSpec},
+	}
+	if err := controllerutil.SetControllerReference(c, m, env.Client.Scheme()); err != nil {
+		t.Fatal(err)
 	}
 	create(t, m)
 	if err := env.Client.Delete(ctx, c); err != nil {

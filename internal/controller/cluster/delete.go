@@ -81,7 +81,9 @@ func (r *Reconciler) machinesOf(ctx context.Context, cluster *clusterv1.Cluster)
 		if m.Spec.ClusterName != cluster.Name {
 			continue
 		}
-		if _, ok := m.Labels[clusterv1.ControlPlaneLabel]; ok {
+		// A labelled machine the Cluster does not own is no member: it
+		// goes with the workers, before the control plane.
+		if _, ok := m.Labels[clusterv1.ControlPlaneLabel]; ok && controlplane.Owns(cluster, &m) {
 			controlPlane = append(controlPlane, m)
 		} else {
 			workers = append(workers, m)

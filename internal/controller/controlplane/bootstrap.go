@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstrap"
@@ -23,6 +24,13 @@ func (cp *ControlPlane) Bootstrap(ctx context.Context, m *clusterv1.Machine) ([]
 	cluster := &clusterv1.Cluster{}
 	if err := cp.Client.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: m.Spec.ClusterName}, cluster); err != nil {
 		return nil, fmt.Errorf("reading cluster %s: %w", m.Spec.ClusterName, err)
+	}
+	if !Owns(cluster, m) {
+		// The document holds the cluster's keys and joins etcd: only for
+		// a machine the control plane made.
+		return nil, reconcile.TerminalError(fmt.Errorf("machine %s is not a member of cluster %s's control plane: the Cluster is not its controller "+
+			"(metadata.ownerReferences), so it gets no control-plane bootstrap; control-plane machines are made by the Cluster (spec.controlPlane.replicas)",
+			m.Name, cluster.Name))
 	}
 	ep := cluster.Spec.ControlPlaneEndpoint
 	if ep.Host == "" || ep.Port == 0 {

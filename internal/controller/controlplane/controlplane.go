@@ -81,10 +81,12 @@ func mayUpgrade(step Step, f Facts) bool {
 // Reconcile takes one step towards spec.controlPlane and updates
 // cluster.Status.ControlPlane and the control-plane conditions in memory.
 func (cp *ControlPlane) Reconcile(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set) (*Result, error) {
-	machines, err := cp.Machines(ctx, cluster)
+	labelled, err := cp.labelled(ctx, cluster)
 	if err != nil {
 		return nil, err
 	}
+	machines, unowned := splitOwned(cluster, labelled)
+	cp.reportUnowned(cluster, unowned)
 	etcd := cp.observeEtcd(ctx, cluster, set, machines)
 	if err := cp.recordMembers(ctx, machines, etcd); err != nil {
 		return nil, err
@@ -173,9 +175,20 @@ func upgradeStopped(cluster *clusterv1.Cluster) bool {
 	return false
 }
 
-// Machines lists the control plane's machines, oldest first, from the API
-// server itself.
+// Machines lists the control plane's machines, those the Cluster owns
+// (Owns), oldest first, from the API server itself.
 func (cp *ControlPlane) Machines(ctx context.Context, cluster *clusterv1.Cluster) ([]clusterv1.Machine, error) {
+	labelled, err := cp.labelled(ctx, cluster)
+	if err != nil {
+		return nil, err
+	}
+	owned, _ := splitOwned(cluster, labelled)
+	return owned, nil
+}
+
+// labelled lists the machines labelled as the cluster's control plane,
+// owned or not, oldest first.
+func (cp *ControlPlane) labelled(ctx context.Context, cluster *clusterv1.Cluster) ([]clusterv1.Machine, error) {
 	var list clusterv1.MachineList
 	if err := cp.Live.List(ctx, &list, client.InNamespace(cluster.Namespace),
 		client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}, client.HasLabels{clusterv1.ControlPlaneLabel}); err != nil {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
@@ -287,6 +288,9 @@ func newSim(t *testing.T, sc scenario) *sim {
 				Annotations: map[string]string{clusterv1.EtcdMemberHook: ""}, Finalizers: []string{clusterv1.MachineFinalizer}},
 			Spec: clusterv1.MachineSpec{ClusterName: s.cluster, Roles: []clusterv1.MachineRole{clusterv1.ControlPlaneRole},
 				ProviderSpec: newWorldProviderSpec(), Versions: clusterv1.MachineVersions{Kubelet: "v1.37.2", ControlPlane: "v1.37.2"}},
+		}
+		if err := controllerutil.SetControllerReference(cluster, m, s.c.Scheme()); err != nil {
+			t.Fatal(err)
 		}
 		if err := s.c.Create(t.Context(), m); err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/clusterpki"
@@ -179,6 +181,9 @@ func (w *world) machine(name, ip string, version string) *clusterv1.Machine {
 		Spec: clusterv1.MachineSpec{ClusterName: w.cluster.Name, Roles: []clusterv1.MachineRole{clusterv1.ControlPlaneRole},
 			ProviderSpec: w.cluster.Spec.ControlPlane.ProviderSpec.DeepCopy(),
 			Versions:     clusterv1.MachineVersions{Kubelet: clusterv1.KubernetesVersion(version), ControlPlane: clusterv1.KubernetesVersion(version)}},
+	}
+	if err := controllerutil.SetControllerReference(w.cluster, m, w.c.Scheme()); err != nil {
+		w.t.Fatal(err)
 	}
 	if err := w.c.Create(ctx, m); err != nil {
 		w.t.Fatal(err)
@@ -647,4 +652,87 @@ func TestHaltedUpgradeLetsTheControlPlaneScaleDown(t *testing.T) {
 	if m := w.get(res.Step.Machine); m.DeletionTimestamp.IsZero() {
 		t.Errorf("machine %s is not being deleted", m.Name)
 	}
+}
+
+// intruder makes a machine labelled as the cluster's control plane that
+// the Cluster does not own, as an administrator (or a hole in admission)
+// could: the machine controller gave it the Cluster as a plain owner, as
+// it does every machine without a controller. It runs and is Ready.
+func (w *world) intruder(name, ip string) *clusterv1.Machine {
+	w.t.Helper()
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: w.cluster.Name, clusterv1.ControlPlaneLabel: ""}},
+		Spec: clusterv1.MachineSpec{ClusterName: w.cluster.Name, Roles: []clusterv1.MachineRole{clusterv1.ControlPlaneRole},
+			ProviderSpec: w.cluster.Spec.ControlPlane.ProviderSpec.DeepCopy(),
+			Versions:     clusterv1.MachineVersions{Kubelet: "v1.37.2", ControlPlane: "v1.37.2"}},
+	}
+	if err := controllerutil.SetOwnerReference(w.cluster, m, w.c.Scheme()); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := w.c.Create(w.t.Context(), m); err != nil {
+		w.t.Fatal(err)
+	}
+	w.made(m, ip, "v1.37.2")
+	return m
+}
+
+// Issue 24, finding 3: control-plane membership is ownership, not a
+// label. A labelled machine the Cluster does not control never counts:
+// with two members of three wanted, the control plane still adds the
+// third; with one wanted, it never scales down for it, nor deletes it; it
+// is refused the control-plane bootstrap (the cluster's keys), and the
+// Cluster names it. Before, the labels alone made a member: the intruder
+// filled the third seat, and a surplus it made was scaled away.
+func TestUnownedControlPlaneMachineNeverCounts(t *testing.T) {
+	t.Run("it fills no seat", func(t *testing.T) {
+		w := newWorld(t, 3)
+		w.machine("c-cp-0", "127.0.9.1", "v1.37.2")
+		w.machine("c-cp-1", "127.0.9.2", "v1.37.2")
+		w.etcd.members = []EtcdMember{voter(0xa, "c-cp-0", "127.0.9.1"), voter(0xb, "c-cp-1", "127.0.9.2")}
+		w.intruder("tenant-cp", "127.0.9.66")
+
+		res, err := w.reconcile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Step.Action != Create {
+			t.Errorf("step %+v with 2 owned machines of 3 wanted; want Create (the unowned machine fills no seat)", res.Step)
+		}
+		for _, m := range res.Machines {
+			if m.Name == "tenant-cp" {
+				t.Errorf("the control plane's machines include tenant-cp, which the Cluster does not own")
+			}
+		}
+		c := meta.FindStatusCondition(w.cluster.Status.Conditions, clusterv1.ClusterControlPlaneMachinesOwnedCondition)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != clusterv1.ClusterUnownedControlPlaneMachineReason || !strings.Contains(c.Message, "tenant-cp") {
+			t.Errorf("ControlPlaneMachinesOwned = %+v; want False, %s, naming tenant-cp", c, clusterv1.ClusterUnownedControlPlaneMachineReason)
+		}
+		_, err = w.cp.Bootstrap(t.Context(), w.get("tenant-cp"))
+		if err == nil || !strings.Contains(err.Error(), "machine tenant-cp is not a member of cluster c's control plane") {
+			t.Errorf("bootstrap of tenant-cp: %v; want it refused as no member", err)
+		}
+	})
+	t.Run("it is never scaled away, nor makes an owned one go", func(t *testing.T) {
+		w := newWorld(t, 1)
+		w.machine("c-cp-0", "127.0.9.1", "v1.37.2")
+		w.etcd.members = []EtcdMember{voter(0xa, "c-cp-0", "127.0.9.1")}
+		w.intruder("tenant-cp", "127.0.9.66")
+
+		res, err := w.reconcile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Step.Action != Done {
+			t.Errorf("step %+v with 1 owned machine of 1 wanted; want Done", res.Step)
+		}
+		for _, name := range []string{"c-cp-0", "tenant-cp"} {
+			if m := w.get(name); !m.DeletionTimestamp.IsZero() {
+				t.Errorf("%s is being deleted", name)
+			}
+		}
+		if n := w.cluster.Status.ControlPlane.Replicas; n != 1 {
+			t.Errorf("status.controlPlane.replicas %d, want 1", n)
+		}
+	})
 }
