@@ -151,6 +151,11 @@ func Owned(component, name string) (Reason, bool) {
 	if !ok {
 		return Set, true
 	}
+	// The components read '_' in a flag's name as '-' (component-base's
+	// cli.Run sets WordSepNormalizeFunc): kube-apiserver takes
+	// --authorization_mode=AlwaysAllow as --authorization-mode. Judge the
+	// name the component will see.
+	name = strings.ReplaceAll(name, "_", "-")
 	for _, rs := range [][]rule{common, rules} {
 		for _, r := range rs {
 			if r.matches(name) {

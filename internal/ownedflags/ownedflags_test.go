@@ -32,6 +32,14 @@ func TestOwned(t *testing.T) {
 		{APIServer, "version", Set},
 		{APIServer, "enable-logs-handler", File},
 		{Scheduler, "allow-metric-labels-manifest", File},
+		// The components read '_' as '-' (component-base's cli.Run sets
+		// WordSepNormalizeFunc): authorization_mode is authorization-mode.
+		{APIServer, "authorization_mode", Authorization},
+		{APIServer, "enable_admission_plugins", Authorization},
+		{APIServer, "anonymous_auth", Authentication},
+		{APIServer, "service_account_issuer", Keys},
+		{ControllerManager, "cluster_signing_duration", Keys},
+		{APIServer, "allow_privileged", Set},
 		// A component without extraArgs owns every flag.
 		{"etcd", "quota-backend-bytes", Set},
 		{"kubelet", "v", Set},

@@ -1,26 +1,38 @@
 package webhook_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/version"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/config"
+	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/internal/webhook"
 )
 
-// The attacks of issue 24 on admission, each made by whoever may edit a
-// Cluster or create a Machine: each is refused with a message that says
-// what is wrong, and the stored object is left as it was.
+// The attacks of issue 24 on admission, in one place: each is made by a
+// tenant (alice of group tenants, with the RBAC tenants are given and the
+// tenancy policy of config/tenancy in force, not an administrator) against
+// the real API server and the real webhook; each is refused with a message
+// that says what is wrong, and the stored object is left as it was.
 
 // nextMinor is v's next minor release, vX.(Y+1).0.
 func nextMinor(v clusterv1.KubernetesVersion) clusterv1.KubernetesVersion {
@@ -56,20 +68,27 @@ func patchRefused(t *testing.T, c client.Client, obj client.Object, patch client
 	if err == nil {
 		t.Fatalf("patch of %T %s was accepted; want it refused at %s", obj, obj.GetName(), field)
 	}
-	assertInvalid(t, err, field, want)
+	refusal(t, err, field, want)
 	unchanged(t, before)
 }
 
 func mergePatch(s string) client.Patch { return client.RawPatch(types.MergePatchType, []byte(s)) }
 
-// tenant is a client that acts as alice of group tenants, who may write
-// marina's kinds (RBAC) but is not an administrator.
+// tenant is a client that acts as alice of group tenants, with the RBAC
+// docs/management-plane.md tells administrators to grant tenants (write
+// Clusters, Machines, MachineSets and MachineDeployments; read the
+// published MachineClasses), not an administrator, and with the tenancy
+// policy of config/tenancy in force, as marina init installs it.
 func tenant(t *testing.T) client.Client {
 	t.Helper()
 	ctx := context.Background()
+	group := clusterv1.GroupVersion.Group
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: "attack-tenant"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{clusterv1.GroupVersion.Group}, Resources: []string{"*"}, Verbs: []string{"*"}}},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{group}, Resources: []string{"clusters", "machines", "machinesets", "machinedeployments"}, Verbs: []string{"*"}},
+			{APIGroups: []string{group}, Resources: []string{"machineclasses"}, Verbs: []string{"get", "list", "watch"}},
+		},
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "attack-tenant"},
@@ -81,35 +100,148 @@ func tenant(t *testing.T) client.Client {
 			t.Fatal(err)
 		}
 	}
+	applyTenancyPolicy(t)
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: "alice", Groups: []string{"tenants"}}
 	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The policy takes effect asynchronously after it is created: a
+	// tenant's class-less machine, tried without being stored, is refused
+	// by it once it is in force.
+	ns := env.Namespace(t)
+	testenv.Eventually(t, 30*time.Second, "the tenancy policy to be in force", func() error {
+		err := c.Create(ctx, newWorker(ns, "probe"), client.DryRunAll)
+		switch {
+		case err == nil:
+			return errors.New("a class-less machine was accepted")
+		case !strings.Contains(err.Error(), "only marina administrators may describe a machine without a MachineClass"):
+			return fmt.Errorf("refused for another reason: %w", err)
+		}
+		return nil
+	})
 	return c
+}
+
+var tenancyOnce sync.Once
+
+// applyTenancyPolicy creates the objects of config/tenancy/policy.yaml, the
+// file marina init and kubectl apply -k config/default install.
+func applyTenancyPolicy(t *testing.T) {
+	t.Helper()
+	var err error
+	tenancyOnce.Do(func() {
+		var data []byte
+		if data, err = config.Install.ReadFile("tenancy/policy.yaml"); err != nil {
+			return
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			obj := &unstructured.Unstructured{}
+			if err = dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
+				err = nil
+				return
+			} else if err != nil {
+				return
+			}
+			if len(obj.Object) == 0 {
+				continue
+			}
+			if err = env.Client.Create(context.Background(), obj); client.IgnoreAlreadyExists(err) != nil {
+				return
+			}
+		}
+	})
+	if err != nil {
+		t.Fatalf("applying config/tenancy: %v", err)
+	}
+}
+
+// tenantCluster is a Cluster as a tenant writes it: its control plane from
+// a published class.
+func tenantCluster(ns, name string, mc *clusterv1.MachineClass) *clusterv1.Cluster {
+	c := newCluster(ns)
+	c.Name = name
+	c.Spec.ControlPlane.ProviderSpec = nil
+	c.Spec.ControlPlane.ClassRef = &clusterv1.MachineClassReference{Name: mc.Name}
+	return c
+}
+
+// tenantWorker is a worker of cluster prod as a tenant writes it.
+func tenantWorker(ns, name string, mc *clusterv1.MachineClass) *clusterv1.Machine {
+	m := newWorker(ns, name)
+	m.Spec.ProviderSpec = nil
+	m.Spec.ClassRef = &clusterv1.MachineClassReference{Name: mc.Name}
+	return m
+}
+
+// createAs creates obj as c, failing the test when refused.
+func createAs(t *testing.T, c client.Client, obj client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), obj); err != nil {
+		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+// refusedAs asserts that c may not create obj: refused with a message
+// containing want (at field, when the webhook refuses; the tenancy
+// policy's refusals name no field), and nothing stored.
+func refusedAs(t *testing.T, c client.Client, obj client.Object, field, want string) {
+	t.Helper()
+	err := c.Create(context.Background(), obj.DeepCopyObject().(client.Object))
+	if err == nil {
+		t.Fatalf("%T %s was accepted; want it refused: %s", obj, obj.GetName(), want)
+	}
+	refusal(t, err, field, want)
+	got := obj.DeepCopyObject().(client.Object)
+	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(obj), got); !apierrors.IsNotFound(err) {
+		t.Errorf("refused %T %s was stored anyway (get: %v)", obj, obj.GetName(), err)
+	}
+}
+
+// refusal asserts err refuses a write as invalid at field with a message
+// containing want, or, with field empty, as the tenancy policy does.
+func refusal(t *testing.T, err error, field, want string) {
+	t.Helper()
+	if field != "" {
+		assertInvalid(t, err, field, want)
+		return
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("refused for another reason: %v; want %q", err, want)
+	}
 }
 
 // Finding 1: extraArgs that would rewire a component on the management
 // host are refused on create and on update, with the field and the reason.
+// The components read '_' in a flag's name as '-': authorization_mode is
+// authorization-mode (accepted before).
 func TestAttackExtraArgsRewiring(t *testing.T) {
 	ns := env.Namespace(t)
-	stored := newCluster(ns)
-	create(t, stored)
+	alice := tenant(t)
+	mc := class(t)
+	stored := tenantCluster(ns, "prod", mc)
+	createAs(t, alice, stored)
 	for _, tc := range []struct {
 		component, flag, value, want string
 	}{
 		{"apiServer", "bind-address", "0.0.0.0", "kube-apiserver --bind-address is owned by marina: it sets an address or port"},
 		{"apiServer", "authorization-mode", "AlwaysAllow", "(authorization and admission)"},
+		{"apiServer", "authorization_mode", "AlwaysAllow", "kube-apiserver --authorization_mode is owned by marina: it decides what callers may do"},
+		{"apiServer", "enable_admission_plugins", "AlwaysAdmit", "(authorization and admission)"},
 		{"apiServer", "etcd-servers", "https://127.0.0.1:2379", "it wires the API server to etcd"},
 		{"controllerManager", "cluster-signing-cert-file", "/state/pki/ca.crt", "it names service-account or signing keys"},
 		{"controllerManager", "cluster-signing-key-file", "/state/pki/ca.key", "it names service-account or signing keys"},
+		{"controllerManager", "cluster_signing_key_file", "/state/pki/ca.key", "it names service-account or signing keys"},
+		// Paths outside the machine's sandbox: every path is marina's.
+		{"apiServer", "audit-log-path", "/state/other-cluster/audit.log", "it names a file or directory on the machine"},
 		{"scheduler", "kubeconfig", "/state/admin.kubeconfig", "it names a file or directory"},
+		{"controllerManager", "flex-volume-plugin-dir", "/", "it names a file or directory"},
 	} {
 		t.Run(tc.component+" "+tc.flag, func(t *testing.T) {
 			field := fmt.Sprintf("spec.controlPlane.components.%s.extraArgs[%s]", tc.component, tc.flag)
-			c := newCluster(ns)
-			c.Name = "new-" + strings.ReplaceAll(tc.flag, "-", "")[:8]
+			c := tenantCluster(ns, "new-"+strings.NewReplacer("-", "", "_", "").Replace(tc.flag)[:8], mc)
 			settings := clusterv1.ComponentSettings{ExtraArgs: map[string]string{tc.flag: tc.value}}
 			switch tc.component {
 			case "apiServer":
@@ -119,8 +251,8 @@ func TestAttackExtraArgsRewiring(t *testing.T) {
 			case "scheduler":
 				c.Spec.ControlPlane.Components.Scheduler = settings
 			}
-			refused(t, c, field, tc.want)
-			patchRefused(t, env.Client, stored, mergePatch(fmt.Sprintf(
+			refusedAs(t, alice, c, field, tc.want)
+			patchRefused(t, alice, stored, mergePatch(fmt.Sprintf(
 				`{"spec":{"controlPlane":{"components":{%q:{"extraArgs":{%q:%q}}}}}}`, tc.component, tc.flag, tc.value)), field, tc.want)
 		})
 	}
@@ -128,24 +260,27 @@ func TestAttackExtraArgsRewiring(t *testing.T) {
 
 // Finding 4: a stored error is forgiven only where the update leaves the
 // value alone. A worker made before its Cluster, its kubelet a minor above
-// the control plane, may be relabelled, but its kubelet not moved to
-// another version the control plane cannot serve.
+// the control plane (v1.38 against v1.37), may be relabelled, but its
+// kubelet not moved to another version the control plane cannot serve
+// (v1.38.1, or v1.45).
 func TestAttackKubeletEditedToAnotherBadVersion(t *testing.T) {
 	ns := env.Namespace(t)
-	m := newWorker(ns, "ahead")
+	alice := tenant(t)
+	mc := class(t)
+	m := tenantWorker(ns, "ahead", mc)
 	m.Spec.Versions.Kubelet = nextMinor(newest)
-	create(t, m) // no Cluster yet: not checked
-	create(t, newCluster(ns))
+	createAs(t, alice, m) // no Cluster yet: not checked
+	createAs(t, alice, tenantCluster(ns, "prod", mc))
 
 	bumped := nextMinor(newest)[:len(nextMinor(newest))-1] + "1" // vX.Y+1.1
-	patchRefused(t, env.Client, m, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"kubelet":%q}}}`, bumped)),
+	patchRefused(t, alice, m, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"kubelet":%q}}}`, bumped)),
 		"spec.versions.kubelet", "must not be newer than the cluster's control plane ("+string(newest)+")")
 	// v1.38 -> v1.45: the schema refuses a kubelet that skips minors.
 	far := nextMinor(nextMinor(nextMinor(nextMinor(nextMinor(nextMinor(nextMinor(nextMinor(newest))))))))
-	patchRefused(t, env.Client, m, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"kubelet":%q}}}`, far)),
+	patchRefused(t, alice, m, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"kubelet":%q}}}`, far)),
 		"spec.versions.kubelet", "may go up by at most one minor version at a time")
 
-	if err := env.Client.Patch(context.Background(), m, mergePatch(`{"metadata":{"labels":{"team":"a"}}}`)); err != nil {
+	if err := alice.Patch(context.Background(), m, mergePatch(`{"metadata":{"labels":{"team":"a"}}}`)); err != nil {
 		t.Errorf("relabelling the machine (its kubelet untouched) was refused: %v", err)
 	}
 }
@@ -154,49 +289,57 @@ func TestAttackKubeletEditedToAnotherBadVersion(t *testing.T) {
 // up two; a template's likewise.
 func TestAttackKubeletSkipsOrGoesDownAMinor(t *testing.T) {
 	ns := env.Namespace(t)
-	create(t, newCluster(ns))
-	m := newWorker(ns, "w")
-	create(t, m)
-	patchRefused(t, env.Client, m, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"kubelet":%q}}}`, minorsBack(newest, 1))),
+	alice := tenant(t)
+	mc := class(t)
+	createAs(t, alice, tenantCluster(ns, "prod", mc))
+	m := tenantWorker(ns, "w", mc)
+	createAs(t, alice, m)
+	patchRefused(t, alice, m, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"kubelet":%q}}}`, minorsBack(newest, 1))),
 		"spec.versions.kubelet", "never down a minor version")
-	set := newMachineSet(ns, newWorker(ns, "").Spec)
-	create(t, set)
-	patchRefused(t, env.Client, set, mergePatch(fmt.Sprintf(`{"spec":{"template":{"spec":{"versions":{"kubelet":%q}}}}}`, minorsBack(newest, 1))),
+	set := newMachineSet(ns, tenantWorker(ns, "", mc).Spec)
+	createAs(t, alice, set)
+	patchRefused(t, alice, set, mergePatch(fmt.Sprintf(`{"spec":{"template":{"spec":{"versions":{"kubelet":%q}}}}}`, minorsBack(newest, 1))),
 		"spec.template.spec.versions.kubelet", "never down a minor version")
 }
 
-// The skew policy against what the API servers run: a worker's kubelet is
-// not newer than the oldest API server, and at most three minors older
-// than the control plane.
+// The skew policy against what the API servers run: a worker's kubelet, or
+// a set's template's, is not newer than the oldest API server, and at most
+// three minors older than the control plane.
 func TestAttackKubeletAgainstTheRunningAPIServers(t *testing.T) {
 	ns := env.Namespace(t)
-	cl := newCluster(ns)
-	create(t, cl)
+	alice := tenant(t)
+	mc := class(t)
+	cl := tenantCluster(ns, "prod", mc)
+	createAs(t, alice, cl)
 	cl.Status.ControlPlane.Components.APIServer = string(minorsBack(newest, 1))
 	if err := env.Client.Status().Update(context.Background(), cl); err != nil {
 		t.Fatal(err)
 	}
-	refused(t, newWorker(ns, "ahead-of-running"), "spec.versions.kubelet",
-		"must not be newer than the oldest API server the cluster runs ("+string(minorsBack(newest, 1)))
-	old := newWorker(ns, "too-old")
+	const ahead = "must not be newer than the oldest API server the cluster runs ("
+	refusedAs(t, alice, tenantWorker(ns, "ahead-of-running", mc), "spec.versions.kubelet", ahead+string(minorsBack(newest, 1)))
+	old := tenantWorker(ns, "too-old", mc)
 	old.Spec.Versions.Kubelet = minorsBack(newest, 4)
-	refused(t, old, "spec.versions.kubelet", "must be at most 3 minor versions older than the cluster's control plane")
+	refusedAs(t, alice, old, "spec.versions.kubelet", "must be at most 3 minor versions older than the cluster's control plane")
+	refusedAs(t, alice, newMachineSet(ns, tenantWorker(ns, "", mc).Spec), "spec.template.spec.versions.kubelet", ahead+string(minorsBack(newest, 1)))
 }
 
 // Finding 5: once set, the endpoint cannot be removed, by a JSON patch of
 // the endpoint or of its host, nor changed.
 func TestAttackEndpointRemoval(t *testing.T) {
 	ns := env.Namespace(t)
-	c := newCluster(ns)
+	alice := tenant(t)
+	mc := class(t)
+	c := tenantCluster(ns, "prod", mc)
 	c.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "127.0.0.50", Port: 6443}
-	create(t, c)
+	createAs(t, alice, c)
 	const want = "controlPlaneEndpoint cannot be removed or changed once set"
 	for _, patch := range []string{
 		`[{"op":"remove","path":"/spec/controlPlaneEndpoint"}]`,
 		`[{"op":"remove","path":"/spec/controlPlaneEndpoint/host"}]`,
 		`[{"op":"replace","path":"/spec/controlPlaneEndpoint","value":{}}]`,
+		`[{"op":"replace","path":"/spec/controlPlaneEndpoint/host","value":"127.0.0.1"}]`,
 	} {
-		patchRefused(t, env.Client, c, client.RawPatch(types.JSONPatchType, []byte(patch)), "spec.controlPlaneEndpoint", want)
+		patchRefused(t, alice, c, client.RawPatch(types.JSONPatchType, []byte(patch)), "spec.controlPlaneEndpoint", want)
 	}
 	got := &clusterv1.Cluster{}
 	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(c), got); err != nil {
@@ -206,10 +349,9 @@ func TestAttackEndpointRemoval(t *testing.T) {
 		t.Errorf("endpoint is %+v, want %+v", got.Spec.ControlPlaneEndpoint, c.Spec.ControlPlaneEndpoint)
 	}
 	// An endpoint not yet set may still be set (by marina or the user).
-	unset := newCluster(ns)
-	unset.Name = "unset"
-	create(t, unset)
-	if err := env.Client.Patch(context.Background(), unset, mergePatch(`{"spec":{"controlPlaneEndpoint":{"host":"127.0.0.51","port":6443}}}`)); err != nil {
+	unset := tenantCluster(ns, "unset", mc)
+	createAs(t, alice, unset)
+	if err := alice.Patch(context.Background(), unset, mergePatch(`{"spec":{"controlPlaneEndpoint":{"host":"127.0.0.51","port":6443}}}`)); err != nil {
 		t.Errorf("setting an endpoint that was empty was refused: %v", err)
 	}
 }
@@ -219,14 +361,13 @@ func TestAttackEndpointRemoval(t *testing.T) {
 // set those labels.
 func TestAttackTenantClaimsMembership(t *testing.T) {
 	ns := env.Namespace(t)
-	create(t, newCluster(ns))
-	victim := newCluster(ns)
-	victim.Name = "victim"
-	create(t, victim)
 	alice := tenant(t)
+	mc := class(t)
+	createAs(t, alice, tenantCluster(ns, "prod", mc))
+	createAs(t, alice, tenantCluster(ns, "victim", mc))
 	ctx := context.Background()
 
-	claim := newWorker(ns, "claim-cp")
+	claim := tenantWorker(ns, "claim-cp", mc)
 	claim.Labels = map[string]string{clusterv1.ClusterNameLabel: "prod", clusterv1.ControlPlaneLabel: ""}
 	err := alice.Create(ctx, claim)
 	if err == nil {
@@ -235,30 +376,33 @@ func TestAttackTenantClaimsMembership(t *testing.T) {
 	assertInvalid(t, err, "metadata.labels[cluster.marina.dev/control-plane]", "only marina's controllers and administrators")
 	assertInvalid(t, err, "metadata.labels[cluster.marina.dev/control-plane]", "have the ControlPlane role")
 
-	other := newWorker(ns, "claim-victim")
+	// With the role too, the tenancy policy refuses it.
+	master := tenantWorker(ns, "master", mc)
+	master.Labels = map[string]string{clusterv1.ClusterNameLabel: "victim", clusterv1.ControlPlaneLabel: ""}
+	master.Spec.ClusterName = "victim"
+	master.Spec.Roles = []clusterv1.MachineRole{clusterv1.ControlPlaneRole}
+	master.Spec.Versions.ControlPlane = newest
+	refusedAs(t, alice, master, "", "only marina administrators may create control-plane machines")
+
+	other := tenantWorker(ns, "claim-victim", mc)
 	other.Labels = map[string]string{clusterv1.ClusterNameLabel: "victim"}
-	if err := alice.Create(ctx, other); err == nil {
-		t.Error("a tenant's worker of prod labelled as victim's was accepted")
-	} else {
-		assertInvalid(t, err, "metadata.labels[cluster.marina.dev/cluster-name]", `must be the machine's spec.clusterName ("prod")`)
-	}
+	refusedAs(t, alice, other, "metadata.labels[cluster.marina.dev/cluster-name]", `must be the machine's spec.clusterName ("prod")`)
 
 	// Labelled rightly, the tenant's worker is accepted; relabelling it
 	// into a control plane or a deployment is not.
-	mine := newWorker(ns, "mine")
+	mine := tenantWorker(ns, "mine", mc)
 	mine.Labels = map[string]string{clusterv1.ClusterNameLabel: "prod"}
-	if err := alice.Create(ctx, mine); err != nil {
-		t.Fatalf("a tenant's worker labelled with its own cluster was refused: %v", err)
-	}
+	createAs(t, alice, mine)
+	patchRefused(t, alice, mine, mergePatch(`{"metadata":{"labels":{"cluster.marina.dev/control-plane":""}}}`),
+		"metadata.labels[cluster.marina.dev/control-plane]", "only marina's controllers and administrators")
 	patchRefused(t, alice, mine, mergePatch(`{"metadata":{"labels":{"cluster.x-k8s.io/deployment-name":"pool"}}}`),
 		"metadata.labels[cluster.x-k8s.io/deployment-name]", "only marina's controllers and administrators")
-	set := newMachineSet(ns, newWorker(ns, "").Spec)
+	set := newMachineSet(ns, tenantWorker(ns, "", mc).Spec)
 	set.Spec.Template.ObjectMeta.Labels[clusterv1.MachineTemplateHashLabel] = "abc"
-	if err := alice.Create(ctx, set); err == nil {
-		t.Error("a tenant's set whose template carries a revision's hash was accepted")
-	} else {
-		assertInvalid(t, err, "spec.template.metadata.labels[cluster.marina.dev/machine-template-hash]", "only marina's controllers and administrators")
-	}
+	refusedAs(t, alice, set, "spec.template.metadata.labels[cluster.marina.dev/machine-template-hash]", "only marina's controllers and administrators")
+	cpSet := newMachineSet(ns, tenantWorker(ns, "", mc).Spec)
+	cpSet.Spec.Template.ObjectMeta.Labels[clusterv1.ControlPlaneLabel] = ""
+	refusedAs(t, alice, cpSet, "spec.template.metadata.labels[cluster.marina.dev/control-plane]", "only marina's controllers and administrators")
 
 	// marina's controllers and administrators may.
 	if err := env.Client.Patch(ctx, mine, mergePatch(`{"metadata":{"labels":{"cluster.x-k8s.io/deployment-name":"pool"}}}`)); err != nil {
@@ -269,11 +413,29 @@ func TestAttackTenantClaimsMembership(t *testing.T) {
 	}
 }
 
+// Tenancy for Clusters: a tenant's control plane comes from a class, on
+// create and on update; the class's allowed overrides bound what a tenant
+// may add to it.
+func TestAttackTenantWritesTheControlPlanesProviderSpec(t *testing.T) {
+	ns := env.Namespace(t)
+	alice := tenant(t)
+	mc := class(t)
+	const want = "only marina administrators may describe a control plane without a MachineClass"
+	refusedAs(t, alice, newCluster(ns), "", want)
+	stored := tenantCluster(ns, "prod", mc)
+	createAs(t, alice, stored)
+	patchRefused(t, alice, stored, client.RawPatch(types.JSONPatchType, []byte(fmt.Sprintf(
+		`[{"op":"remove","path":"/spec/controlPlane/classRef"},{"op":"add","path":"/spec/controlPlane/providerSpec","value":%s}]`, localSpec))), "", want)
+	patchRefused(t, alice, stored, mergePatch(`{"spec":{"controlPlane":{"providerSpec":{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":64}}}}}`),
+		"spec.controlPlane.providerSpec.spec.cpu", "does not allow overriding this field (allowed: spec.diskSize)")
+}
+
 // Finding 5 (dnsDomain): every label of the cluster's DNS domain is at most
 // 63 characters, as DNS allows.
 func TestAttackDNSDomainLabelTooLong(t *testing.T) {
 	ns := env.Namespace(t)
-	c := newCluster(ns)
+	alice := tenant(t)
+	c := tenantCluster(ns, "prod", class(t))
 	c.Spec.ClusterNetwork.DNSDomain = strings.Repeat("a", 64) + ".local"
-	refused(t, c, "spec.clusterNetwork.dnsDomain", "at most 63 characters")
+	refusedAs(t, alice, c, "spec.clusterNetwork.dnsDomain", "at most 63 characters")
 }

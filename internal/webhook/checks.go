@@ -55,11 +55,13 @@ func (c *checker) machineSpec(ctx context.Context, namespace string, spec *clust
 	if cluster.DeletionTimestamp != nil {
 		errs = append(errs, field.Forbidden(path.Child("clusterName"), fmt.Sprintf("Cluster %q is being deleted: machines cannot be added to it", spec.ClusterName)))
 	}
-	// A worker machine's kubelet talks to the API servers as they run now;
-	// a template's machines, and a control-plane machine's kubelet (which
-	// talks to its own API server), follow the Cluster's version.
+	// A worker's kubelet talks to the API servers as they run now, and so
+	// will the machines a set makes from its template: the set could not
+	// make them (this check refuses each). A control-plane machine's
+	// kubelet talks to its own API server and follows the Cluster's
+	// version.
 	running := ""
-	if machine && !slices.Contains(spec.Roles, clusterv1.ControlPlaneRole) {
+	if !slices.Contains(spec.Roles, clusterv1.ControlPlaneRole) {
 		running = cluster.Status.ControlPlane.Components.APIServer
 	}
 	errs = append(errs, kubeletSkew(spec.Versions.Kubelet, cluster.Spec.ControlPlane.Version, running, path.Child("versions", "kubelet"))...)
