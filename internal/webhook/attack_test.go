@@ -439,3 +439,22 @@ func TestAttackDNSDomainLabelTooLong(t *testing.T) {
 	c.Spec.ClusterNetwork.DNSDomain = strings.Repeat("a", 64) + ".local"
 	refusedAs(t, alice, c, "spec.clusterNetwork.dnsDomain", "at most 63 characters")
 }
+
+// The skew policy from the Cluster's side: its control plane cannot move
+// more than three minors ahead of a worker's kubelet (a machine's or a
+// set's template's); the upgrade found that out only when it rolled them.
+func TestAttackControlPlaneVersionLeavesKubeletsBehind(t *testing.T) {
+	ns := env.Namespace(t)
+	alice := tenant(t)
+	mc := class(t)
+	cl := tenantCluster(ns, "prod", mc)
+	cl.Spec.ControlPlane.Version = "v1.36.3"
+	createAs(t, alice, cl)
+	w := tenantWorker(ns, "old", mc)
+	w.Spec.Versions.Kubelet = minorsBack("v1.36.3", 3)
+	createAs(t, alice, w)
+	set := newMachineSet(ns, w.Spec)
+	createAs(t, alice, set)
+	patchRefused(t, alice, cl, mergePatch(fmt.Sprintf(`{"spec":{"controlPlane":{"version":%q}}}`, newest)), "spec.controlPlane.version",
+		"would leave kubelets more than 3 minor versions older than the control plane: Machine old (kubelet v1.33.0), MachineSet pool (kubelet v1.33.0)")
+}

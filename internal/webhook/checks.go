@@ -91,6 +91,61 @@ func (c *checker) controlPlane(ctx context.Context, cl *clusterv1.Cluster) (fiel
 	return errs, warnings, nil
 }
 
+// kubeletsBehind refuses a control-plane version the cluster's workers'
+// kubelets cannot follow: more than MaxKubeletMinorsBehind minors above a
+// worker machine's kubelet or a set's or deployment's template's. The
+// skew policy binds both ends: a Machine cannot be made that far behind
+// the Cluster, nor the Cluster moved that far ahead of its Machines (which
+// the upgrade would only find out when it rolled them).
+func (c *checker) kubeletsBehind(ctx context.Context, cl *clusterv1.Cluster) (field.ErrorList, error) {
+	cp, err := version.ParseSemantic(string(cl.Spec.ControlPlane.Version))
+	if err != nil {
+		return nil, nil // the schema refuses what is not a version
+	}
+	type kubelet struct{ what, version string }
+	var kubelets []kubelet
+	var machines clusterv1.MachineList
+	if err := c.reader.List(ctx, &machines, client.InNamespace(cl.Namespace), client.MatchingFields{"spec.clusterName": cl.Name}); err != nil {
+		return nil, fmt.Errorf("listing the machines of cluster %s: %w", cl.Name, err)
+	}
+	for _, m := range machines.Items {
+		if m.Spec.ClusterName == cl.Name && m.DeletionTimestamp.IsZero() && !slices.Contains(m.Spec.Roles, clusterv1.ControlPlaneRole) {
+			kubelets = append(kubelets, kubelet{"Machine " + m.Name, string(m.Spec.Versions.Kubelet)})
+		}
+	}
+	var sets clusterv1.MachineSetList
+	if err := c.reader.List(ctx, &sets, client.InNamespace(cl.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing the machine sets of cluster %s: %w", cl.Name, err)
+	}
+	for _, s := range sets.Items {
+		if s.Spec.ClusterName == cl.Name && s.DeletionTimestamp.IsZero() {
+			kubelets = append(kubelets, kubelet{"MachineSet " + s.Name, string(s.Spec.Template.Spec.Versions.Kubelet)})
+		}
+	}
+	var deployments clusterv1.MachineDeploymentList
+	if err := c.reader.List(ctx, &deployments, client.InNamespace(cl.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing the machine deployments of cluster %s: %w", cl.Name, err)
+	}
+	for _, d := range deployments.Items {
+		if d.Spec.ClusterName == cl.Name && d.DeletionTimestamp.IsZero() {
+			kubelets = append(kubelets, kubelet{"MachineDeployment " + d.Name, string(d.Spec.Template.Spec.Versions.Kubelet)})
+		}
+	}
+	var behind []string
+	for _, k := range kubelets {
+		if v, err := version.ParseSemantic(k.version); err == nil && (v.Major() != cp.Major() || v.Minor()+MaxKubeletMinorsBehind < cp.Minor()) {
+			behind = append(behind, fmt.Sprintf("%s (kubelet %s)", k.what, k.version))
+		}
+	}
+	if len(behind) == 0 {
+		return nil, nil
+	}
+	slices.Sort(behind)
+	return field.ErrorList{field.Invalid(field.NewPath("spec", "controlPlane", "version"), cl.Spec.ControlPlane.Version, fmt.Sprintf(
+		"would leave kubelets more than %d minor versions older than the control plane: %s; move them to v%d.%d or newer first",
+		MaxKubeletMinorsBehind, strings.Join(behind, ", "), cp.Major(), max(int(cp.Minor())-MaxKubeletMinorsBehind, 0)))}, nil
+}
+
 // resolve merges the spec with its class, as the machine controller will,
 // and checks the result with its provider. It returns the providerSpec kind
 // the spec resolves to, empty when it does not resolve.

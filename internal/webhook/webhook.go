@@ -259,7 +259,11 @@ func kindOf(obj client.Object) string {
 func (c *checker) cluster(ctx context.Context, cl *clusterv1.Cluster) (field.ErrorList, admission.Warnings, error) {
 	errs := validation.Cluster(cl)
 	more, warnings, err := c.controlPlane(ctx, cl)
-	return append(errs, more...), warnings, err
+	if err != nil {
+		return nil, nil, err
+	}
+	behind, err := c.kubeletsBehind(ctx, cl)
+	return append(append(errs, more...), behind...), warnings, err
 }
 
 func (c *checker) machine(ctx context.Context, m *clusterv1.Machine) (field.ErrorList, admission.Warnings, error) {
