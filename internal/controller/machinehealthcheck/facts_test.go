@@ -15,6 +15,7 @@ func TestFactsOf(t *testing.T) {
 	provisioned := created.Add(time.Minute)
 	set := &clusterv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Name: "s", UID: "u"}}
 	deployment := &clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{Name: "d", UID: "v"}}
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c", UID: "w"}}
 	base := func() *clusterv1.Machine {
 		return &clusterv1.Machine{
 			ObjectMeta: metav1.ObjectMeta{Name: "m", CreationTimestamp: metav1.NewTime(created)},
@@ -53,9 +54,21 @@ func TestFactsOf(t *testing.T) {
 				t.Error("owned by a set")
 			}
 		}},
+		{"a control-plane machine its Cluster does not own is no member: nothing replaces it", func(m *clusterv1.Machine) {
+			m.Spec.ClusterName = "c"
+			m.Spec.Roles = []clusterv1.MachineRole{clusterv1.ControlPlaneRole}
+			m.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(cluster, clusterv1.GroupVersion.WithKind("Cluster"))}
+			m.OwnerReferences[0].Controller = nil
+		}, func(t *testing.T, m *clusterv1.Machine) {
+			if f := factsOf(m); f.ControlPlane || f.OwnedBySet {
+				t.Errorf("%+v", f)
+			}
+		}},
 		{"failed, control plane, deleting, had a node", func(m *clusterv1.Machine) {
 			m.Status.FailureReason, m.Status.FailureMessage = "X", "broken"
+			m.Spec.ClusterName = "c"
 			m.Spec.Roles = []clusterv1.MachineRole{clusterv1.ControlPlaneRole}
+			m.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(cluster, clusterv1.GroupVersion.WithKind("Cluster"))}
 			now := metav1.Now()
 			m.DeletionTimestamp = &now
 			m.Status.NodeRef = &clusterv1.NodeReference{Name: "n"}

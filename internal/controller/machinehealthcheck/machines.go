@@ -117,7 +117,7 @@ func factsOf(m *clusterv1.Machine) health.Machine {
 		Failed:         m.Status.Phase == clusterv1.MachinePhaseFailed || m.Status.FailureReason != "",
 		FailureMessage: m.Status.FailureMessage,
 		Deleting:       !m.DeletionTimestamp.IsZero(),
-		ControlPlane:   hasRole(m, clusterv1.ControlPlaneRole),
+		ControlPlane:   hasRole(m, clusterv1.ControlPlaneRole) && controlledByCluster(m),
 		OwnedBySet:     ownedBySet(m),
 		HadNode:        m.Status.NodeRef != nil,
 		Started:        started,
@@ -138,6 +138,20 @@ func hasRole(m *clusterv1.Machine, role clusterv1.MachineRole) bool {
 func ownedBySet(m *clusterv1.Machine) bool {
 	ref := metav1.GetControllerOf(m)
 	if ref == nil || ref.Kind != "MachineSet" {
+		return false
+	}
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	return err == nil && gv.Group == clusterv1.GroupVersion.Group
+}
+
+// controlledByCluster: m's controller is its Cluster, whose control plane
+// replaces it (controlplane.Owns, short of the Cluster's UID). A
+// control-plane machine it does not own is no member: the control plane
+// would never replace it, so remediation only marks it as any machine that
+// nothing replaces.
+func controlledByCluster(m *clusterv1.Machine) bool {
+	ref := metav1.GetControllerOf(m)
+	if ref == nil || ref.Kind != "Cluster" || ref.Name != m.Spec.ClusterName {
 		return false
 	}
 	gv, err := schema.ParseGroupVersion(ref.APIVersion)
