@@ -269,7 +269,19 @@ func TestAttackKubeletEditedToAnotherBadVersion(t *testing.T) {
 	mc := class(t)
 	m := tenantWorker(ns, "ahead", mc)
 	m.Spec.Versions.Kubelet = nextMinor(newest)
-	createAs(t, alice, m) // no Cluster yet: not checked
+	// No Cluster yet: not checked, and the warning says what is not.
+	var warned warnings
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "alice", Groups: []string{"tenants"}}
+	cfg.WarningHandler = &warned
+	early, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	createAs(t, early, m)
+	if want := "nothing refuses one older than it: create the Cluster first"; !warned.contain(want) {
+		t.Errorf("warnings %q; want one saying %q", warned.texts, want)
+	}
 	createAs(t, alice, tenantCluster(ns, "prod", mc))
 
 	bumped := nextMinor(newest)[:len(nextMinor(newest))-1] + "1" // vX.Y+1.1
@@ -457,4 +469,27 @@ func TestAttackControlPlaneVersionLeavesKubeletsBehind(t *testing.T) {
 	createAs(t, alice, set)
 	patchRefused(t, alice, cl, mergePatch(fmt.Sprintf(`{"spec":{"controlPlane":{"version":%q}}}`, newest)), "spec.controlPlane.version",
 		"would leave kubelets more than 3 minor versions older than the control plane: Machine old (kubelet v1.33.0), MachineSet pool (kubelet v1.33.0)")
+}
+
+// warnings collects the warnings the API server sends back.
+type warnings struct {
+	mu    sync.Mutex
+	texts []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.texts = append(w.texts, text)
+}
+
+func (w *warnings) contain(s string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, t := range w.texts {
+		if strings.Contains(t, s) {
+			return true
+		}
+	}
+	return false
 }

@@ -47,7 +47,12 @@ func (c *checker) machineSpec(ctx context.Context, namespace string, spec *clust
 	cluster := &clusterv1.Cluster{}
 	switch err := c.reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: spec.ClusterName}, cluster); {
 	case apierrors.IsNotFound(err):
-		warnings = append(warnings, fmt.Sprintf("Cluster %s/%s does not exist: the kubelet version was not checked against its control plane, and nothing checks it later; create the Cluster first", namespace, spec.ClusterName))
+		// No controller checks it later: the Cluster's creation refuses a
+		// control plane too far ahead of this kubelet (kubeletsBehind), not
+		// one older than it. Say exactly that.
+		warnings = append(warnings, fmt.Sprintf("Cluster %s/%s does not exist: the kubelet version was not checked against its control plane. "+
+			"Creating the Cluster refuses a control-plane version more than %d minor versions above this kubelet, but nothing refuses one older than it: create the Cluster first",
+			namespace, spec.ClusterName, MaxKubeletMinorsBehind))
 		return errs, warnings, nil
 	case err != nil:
 		return nil, nil, fmt.Errorf("reading Cluster %s/%s: %w", namespace, spec.ClusterName, err)
