@@ -416,6 +416,15 @@ func TestAttackTenantClaimsMembership(t *testing.T) {
 	cpSet.Spec.Template.ObjectMeta.Labels[clusterv1.ControlPlaneLabel] = ""
 	refusedAs(t, alice, cpSet, "spec.template.metadata.labels[cluster.marina.dev/control-plane]", "only marina's controllers and administrators")
 
+	// Nor the annotations by which the control plane steers its machines:
+	// the settings handed to their components as flags, etcd's start.
+	settings := `{"metadata":{"annotations":{"cluster.marina.dev/component-settings":"{\"v1.37.2\":{\"apiServer\":{\"extraArgs\":{\"authorization-mode\":\"AlwaysAllow\"}}}}"}}}`
+	patchRefused(t, alice, mine, mergePatch(settings),
+		"metadata.annotations[cluster.marina.dev/component-settings]", "only marina's controllers and administrators (group marina:admins) may add, change or remove this annotation")
+	initSet := newMachineSet(ns, tenantWorker(ns, "", mc).Spec)
+	initSet.Spec.Template.ObjectMeta.Annotations = map[string]string{clusterv1.EtcdInitAnnotation: "true"}
+	refusedAs(t, alice, initSet, "spec.template.metadata.annotations[cluster.marina.dev/etcd-init]", "may add, change or remove this annotation")
+
 	// marina's controllers and administrators may.
 	if err := env.Client.Patch(ctx, mine, mergePatch(`{"metadata":{"labels":{"cluster.x-k8s.io/deployment-name":"pool"}}}`)); err != nil {
 		t.Errorf("an administrator's label change was refused: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -31,6 +32,17 @@ const (
 // (internal/validation).
 var ReservedLabels = []string{clusterv1.ControlPlaneLabel, clusterv1.MachineTemplateHashLabel, clusterv1.MachineDeploymentNameLabel}
 
+// ReservedAnnotations are the annotations by which the control plane
+// steers its machines: the component settings an upgrade moved a machine
+// to (handed to its components as flags), the etcd member it records, the
+// machine that starts etcd, the upgrade step taken, the endpoint drain and
+// the etcd member's hook. Only marina's controllers and administrators set
+// them, on a Machine or in a set's template.
+var ReservedAnnotations = []string{
+	clusterv1.ComponentSettingsAnnotation, clusterv1.EtcdInitAnnotation, clusterv1.EtcdMemberIDAnnotation,
+	clusterv1.UpgradeStepAnnotation, clusterv1.EndpointDrainAnnotation, clusterv1.EtcdMemberHook,
+}
+
 // privileged reports whether the request comes from marina's controllers
 // or an administrator. A request without user information (none reaches
 // the webhook that way) is not.
@@ -46,43 +58,65 @@ func isPrivileged(u authenticationv1.UserInfo) bool {
 	return u.Username == ControllerUser || slices.Contains(u.Groups, "system:masters") || slices.Contains(u.Groups, AdminGroup)
 }
 
-// reservedLabelChanges are the reserved labels that newObj adds, changes or
-// removes compared with oldObj (nil on create), in its metadata and in a
-// set's machine template.
-func reservedLabelChanges(oldObj, newObj client.Object) field.ErrorList {
+// reservedChanges are the reserved labels and annotations that newObj
+// adds, changes or removes compared with oldObj (nil on create), in its
+// metadata and in a set's machine template.
+func reservedChanges(oldObj, newObj client.Object) field.ErrorList {
+	var errs field.ErrorList
+	errs = append(errs, reservedKeyChanges(oldObj, newObj, "labels", ReservedLabels,
+		"it decides which machines a control plane or a deployment counts")...)
+	errs = append(errs, reservedKeyChanges(oldObj, newObj, "annotations", ReservedAnnotations,
+		"the control plane steers its machines' components and etcd members by it")...)
+	return errs
+}
+
+// reservedKeyChanges compares the keys of one kind of metadata map
+// ("labels" or "annotations").
+func reservedKeyChanges(oldObj, newObj client.Object, kind string, keys []string, why string) field.ErrorList {
 	var before map[string]map[string]string
 	if oldObj != nil {
-		before = labelsOf(oldObj)
+		before = mapsOf(oldObj, kind)
 	}
 	var errs field.ErrorList
-	labels := labelsOf(newObj)
-	for _, path := range []string{"metadata.labels", "spec.template.metadata.labels"} { // in a stable order
-		after, ok := labels[path]
+	maps := mapsOf(newObj, kind)
+	for _, path := range []string{"metadata." + kind, "spec.template.metadata." + kind} { // in a stable order
+		after, ok := maps[path]
 		if !ok {
 			continue
 		}
-		for _, k := range ReservedLabels {
+		for _, k := range keys {
 			v, has := after[k]
 			old, had := before[path][k]
 			if has == had && v == old {
 				continue
 			}
 			errs = append(errs, field.Forbidden(field.NewPath(path).Key(k), fmt.Sprintf(
-				"only marina's controllers and administrators (group %s) may add, change or remove this label: it decides which machines a control plane or a deployment counts", AdminGroup)))
+				"only marina's controllers and administrators (group %s) may add, change or remove this %s: %s",
+				AdminGroup, strings.TrimSuffix(kind, "s"), why)))
 		}
 	}
 	return errs
 }
 
-// labelsOf are an object's label maps by their field path: its own, and
-// those a set gives its machines.
-func labelsOf(obj client.Object) map[string]map[string]string {
-	out := map[string]map[string]string{"metadata.labels": obj.GetLabels()}
+// mapsOf are an object's label (or annotation) maps by their field path:
+// its own, and those a set gives its machines.
+func mapsOf(obj client.Object, kind string) map[string]map[string]string {
+	pick := func(labels, annotations map[string]string) map[string]string {
+		if kind == "labels" {
+			return labels
+		}
+		return annotations
+	}
+	out := map[string]map[string]string{"metadata." + kind: pick(obj.GetLabels(), obj.GetAnnotations())}
+	var tmpl *clusterv1.MachineTemplateMeta
 	switch o := obj.(type) {
 	case *clusterv1.MachineSet:
-		out["spec.template.metadata.labels"] = o.Spec.Template.ObjectMeta.Labels
+		tmpl = &o.Spec.Template.ObjectMeta
 	case *clusterv1.MachineDeployment:
-		out["spec.template.metadata.labels"] = o.Spec.Template.ObjectMeta.Labels
+		tmpl = &o.Spec.Template.ObjectMeta
+	}
+	if tmpl != nil {
+		out["spec.template.metadata."+kind] = pick(tmpl.Labels, tmpl.Annotations)
 	}
 	return out
 }

@@ -95,7 +95,7 @@ func (v *validator[T]) ValidateCreate(ctx context.Context, obj T) (admission.War
 		return warnings, apierrors.NewInternalError(err)
 	}
 	if !privileged(ctx) {
-		errs = append(errs, reservedLabelChanges(nil, obj)...)
+		errs = append(errs, reservedChanges(nil, obj)...)
 	}
 	return warnings, invalid(obj, errs)
 }
@@ -114,7 +114,7 @@ func (v *validator[T]) ValidateUpdate(ctx context.Context, oldObj, newObj T) (ad
 	}
 	var reserved field.ErrorList
 	if !privileged(ctx) {
-		reserved = reservedLabelChanges(oldObj, newObj)
+		reserved = reservedChanges(oldObj, newObj)
 	}
 	errs, warnings, err := v.check(ctx, newObj)
 	if err != nil {
