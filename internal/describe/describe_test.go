@@ -207,3 +207,37 @@ func checkGolden(t *testing.T, name string, got []byte) {
 		t.Errorf("describe %s:\n%s\nwant (%s):\n%s", name, got, golden, want)
 	}
 }
+
+// A machine labelled as the control plane that the Cluster does not own is
+// no member of it (issue 24): shown with the loose machines, not under the
+// control plane, and the control plane shows the condition naming it.
+func TestUnownedControlPlaneMachineIsNotShownAsAMember(t *testing.T) {
+	owned := cpMachine("ha-cp-0", clusterv1.MachinePhaseRunning, true)
+	intruder := cpMachine("intruder", clusterv1.MachinePhaseRunning, true)
+	intruder.OwnerReferences[0].Controller = nil
+	c := cluster(clusterv1.ClusterPhaseProvisioned, 1, cond(clusterv1.ClusterControlPlaneMachinesOwnedCondition, "False",
+		clusterv1.ClusterUnownedControlPlaneMachineReason, "machines intruder carry the labels"))
+	root := Cluster(Objects{Cluster: c, Machines: []clusterv1.Machine{owned, intruder}}, now)
+	var cp, loose *Node
+	for _, n := range root.Children {
+		switch n.Kind {
+		case "ControlPlane":
+			cp = n
+		case "Workers":
+			loose = n
+		}
+	}
+	if cp == nil || len(cp.Children) != 1 || cp.Children[0].Name != "ha-cp-0" {
+		t.Fatalf("control plane %+v; want ha-cp-0 alone", cp)
+	}
+	if loose == nil || len(loose.Children) != 1 || loose.Children[0].Name != "intruder" {
+		t.Errorf("loose machines %+v; want intruder", loose)
+	}
+	found := false
+	for _, cd := range cp.Conditions {
+		found = found || cd.Reason == clusterv1.ClusterUnownedControlPlaneMachineReason
+	}
+	if !found {
+		t.Errorf("the control plane's conditions %+v do not name the unowned machine", cp.Conditions)
+	}
+}
