@@ -60,9 +60,13 @@ func (cp *ControlPlane) reportUnowned(cluster *clusterv1.Cluster, unowned []clus
 		names = append(names, m.Name)
 	}
 	slices.Sort(names)
-	msg := fmt.Sprintf("machines %s carry the labels %s=%s and %s but the Cluster is not their controller (metadata.ownerReferences): "+
-		"the control plane ignores them (no quorum, scaling, upgrade or bootstrap); delete them, or remove the %s label",
-		strings.Join(names, ", "), clusterv1.ClusterNameLabel, cluster.Name, clusterv1.ControlPlaneLabel, clusterv1.ControlPlaneLabel)
+	what := "machine " + names[0] + " carries"
+	if len(names) > 1 {
+		what = "machines " + strings.Join(names, ", ") + " carry"
+	}
+	msg := fmt.Sprintf("%s the labels %s=%s and %s but the Cluster is not its controller (metadata.ownerReferences): "+
+		"the control plane ignores it (no quorum, scaling, upgrade or bootstrap); delete it, or remove the %s label",
+		what, clusterv1.ClusterNameLabel, cluster.Name, clusterv1.ControlPlaneLabel, clusterv1.ControlPlaneLabel)
 	if c := meta.FindStatusCondition(cluster.Status.Conditions, clusterv1.ClusterControlPlaneMachinesOwnedCondition); c == nil || c.Message != msg {
 		cp.event(cluster, corev1.EventTypeWarning, clusterv1.ClusterUnownedControlPlaneMachineReason, "Ignore", msg)
 	}
