@@ -416,6 +416,20 @@ func TestAttackTenantClaimsMembership(t *testing.T) {
 	cpSet.Spec.Template.ObjectMeta.Labels[clusterv1.ControlPlaneLabel] = ""
 	refusedAs(t, alice, cpSet, "spec.template.metadata.labels[cluster.marina.dev/control-plane]", "only marina's controllers and administrators")
 
+	// Nor can it make the Cluster its machine's controller, which with the
+	// label is what makes a control-plane member.
+	prod := &clusterv1.Cluster{}
+	if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "prod"}, prod); err != nil {
+		t.Fatal(err)
+	}
+	forged := tenantWorker(ns, "forged", mc)
+	forged.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(prod, clusterv1.GroupVersion.WithKind("Cluster"))}
+	forged.OwnerReferences[0].BlockOwnerDeletion = nil
+	refusedAs(t, alice, forged, "metadata.ownerReferences", "may make a Cluster (prod) a machine's controller")
+	patchRefused(t, alice, mine, client.RawPatch(types.JSONPatchType, []byte(fmt.Sprintf(
+		`[{"op":"add","path":"/metadata/ownerReferences","value":[{"apiVersion":%q,"kind":"Cluster","name":"prod","uid":%q,"controller":true}]}]`,
+		clusterv1.GroupVersion.String(), prod.UID))), "metadata.ownerReferences", "may make a Cluster (prod) a machine's controller")
+
 	// Nor the annotations by which the control plane steers its machines:
 	// the settings handed to their components as flags, etcd's start.
 	settings := `{"metadata":{"annotations":{"cluster.marina.dev/component-settings":"{\"v1.37.2\":{\"apiServer\":{\"extraArgs\":{\"authorization-mode\":\"AlwaysAllow\"}}}}"}}}`

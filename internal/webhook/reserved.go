@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -67,7 +69,42 @@ func reservedChanges(oldObj, newObj client.Object) field.ErrorList {
 		"it decides which machines a control plane or a deployment counts")...)
 	errs = append(errs, reservedKeyChanges(oldObj, newObj, "annotations", ReservedAnnotations,
 		"the control plane steers its machines' components and etcd members by it")...)
+	errs = append(errs, clusterControllerChange(oldObj, newObj)...)
 	return errs
+}
+
+// clusterControllerChange refuses a Machine whose controller reference to a
+// Cluster newObj adds or changes: with the control-plane label, it makes
+// the machine a member of that cluster's control plane
+// (controlplane.Owns). The control plane sets it on the machines it makes.
+func clusterControllerChange(oldObj, newObj client.Object) field.ErrorList {
+	if _, ok := newObj.(*clusterv1.Machine); !ok {
+		return nil
+	}
+	ref := clusterController(newObj)
+	if ref == nil {
+		return nil
+	}
+	if oldObj != nil {
+		if old := clusterController(oldObj); old != nil && old.UID == ref.UID && old.Name == ref.Name {
+			return nil
+		}
+	}
+	return field.ErrorList{field.Forbidden(field.NewPath("metadata", "ownerReferences"), fmt.Sprintf(
+		"only marina's controllers and administrators (group %s) may make a Cluster (%s) a machine's controller: it makes the machine a member of the cluster's control plane",
+		AdminGroup, ref.Name))}
+}
+
+// clusterController is obj's controller reference when it is a Cluster.
+func clusterController(obj client.Object) *metav1.OwnerReference {
+	ref := metav1.GetControllerOf(obj)
+	if ref == nil || ref.Kind != "Cluster" {
+		return nil
+	}
+	if gv, err := schema.ParseGroupVersion(ref.APIVersion); err != nil || gv.Group != clusterv1.GroupVersion.Group {
+		return nil
+	}
+	return ref
 }
 
 // reservedKeyChanges compares the keys of one kind of metadata map
