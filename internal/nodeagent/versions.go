@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strconv"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
@@ -76,11 +78,17 @@ const desiredRetry = time.Second
 // with the other binary; a new kubelet version is reported in the Node's
 // status at once. A Node without the annotation (one not yet annotated, or
 // re-created) changes nothing: what runs keeps running.
+//
+// A control-plane machine watches through its own API server and through
+// the cluster's endpoint: its own one is down while it restarts, and stays
+// down when its new version cannot start, which only a rollback read
+// through the others cures. The newer of the two views (by
+// resourceVersion: one etcd serves both) is the one applied.
 func (a *agent) watchDesiredVersions(ctx context.Context) {
-	factory := informers.NewSharedInformerFactoryWithOptions(a.cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.boot.NodeName).String()
-	}))
-	nodes := factory.Core().V1().Nodes().Informer()
+	clients := []kubernetes.Interface{a.cs}
+	if a.cp != nil && a.cp.viaEndpoint != nil {
+		clients = append(clients, a.cp.viaEndpoint)
+	}
 	changed := make(chan struct{}, 1)
 	notify := func() {
 		select {
@@ -88,17 +96,25 @@ func (a *agent) watchDesiredVersions(ctx context.Context) {
 		default:
 		}
 	}
-	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { notify() },
-		UpdateFunc: func(_, _ any) { notify() },
-	}); err != nil {
-		a.log.Error(err, "Watching the node's desired versions failed")
-		return
+	var stores []cache.Store
+	for _, cs := range clients {
+		factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.boot.NodeName).String()
+		}))
+		nodes := factory.Core().V1().Nodes().Informer()
+		if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { notify() },
+			UpdateFunc: func(_, _ any) { notify() },
+		}); err != nil {
+			a.log.Error(err, "Watching the node's desired versions failed")
+			return
+		}
+		factory.Start(ctx.Done())
+		defer factory.Shutdown()
+		stores = append(stores, nodes.GetStore())
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
 
-	applied := "" // the annotation last applied in full
+	var applied *corev1.Node // the Node whose annotation was last applied in full
 	var retry <-chan time.Time
 	for {
 		select {
@@ -108,19 +124,22 @@ func (a *agent) watchDesiredVersions(ctx context.Context) {
 		case <-retry:
 		}
 		retry = nil
-		obj, ok, err := nodes.GetStore().GetByKey(a.boot.NodeName)
-		if err != nil || !ok {
-			continue
+		node := newest(stores, a.boot.NodeName)
+		if node == nil || (applied != nil && newerRV(applied.ResourceVersion, node.ResourceVersion)) {
+			continue // nothing yet, or a view older than what was applied
 		}
-		raw, ok := obj.(*corev1.Node).Annotations[clusterv1.DesiredVersionsAnnotation]
-		if !ok || raw == applied {
+		raw, ok := node.Annotations[clusterv1.DesiredVersionsAnnotation]
+		if !ok || (applied != nil && raw == applied.Annotations[clusterv1.DesiredVersionsAnnotation]) {
+			if applied != nil {
+				applied = node
+			}
 			continue
 		}
 		v, err := decodeDesiredVersions(raw)
 		if err != nil {
 			// Not marina's writing: nothing to retry until it changes.
 			a.log.Error(err, "Ignoring the node's desired versions")
-			applied = raw
+			applied = node
 			continue
 		}
 		if err := a.applyDesired(ctx, v); err != nil {
@@ -128,8 +147,34 @@ func (a *agent) watchDesiredVersions(ctx context.Context) {
 			retry = time.After(desiredRetry)
 			continue
 		}
-		applied = raw
+		applied = node
 	}
+}
+
+// newest is the node name as the most recent of the stores sees it; nil
+// when none has it yet.
+func newest(stores []cache.Store, name string) *corev1.Node {
+	var out *corev1.Node
+	for _, s := range stores {
+		obj, ok, err := s.GetByKey(name)
+		if err != nil || !ok {
+			continue
+		}
+		n := obj.(*corev1.Node)
+		if out == nil || newerRV(n.ResourceVersion, out.ResourceVersion) {
+			out = n
+		}
+	}
+	return out
+}
+
+// newerRV: resourceVersion a is later than b. They are etcd revisions,
+// comparable here because every API server of the cluster reads the same
+// etcd; one that is not a number is never newer.
+func newerRV(a, b string) bool {
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
+	return errA == nil && errB == nil && x > y
 }
 
 // applyDesired records the desired versions v in the sandbox, then
