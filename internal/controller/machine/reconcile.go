@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -149,7 +150,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, before, m *clusterv1.M
 		return ctrl.Result{}, err
 	} else if res, err := r.reconcileInstance(ctx, before, m, prov, inst); err != nil || !res.IsZero() {
 		return res, err
-	} else if desired, err = r.stageVersions(ctx, m, prov); err != nil {
+	} else if desired, err = r.stageVersions(ctx, m, prov); err != nil && !provider.IsInvalidSpec(err) {
 		return ctrl.Result{}, err
 	}
 	return r.reconcileNode(ctx, m, resolved, desired)
@@ -172,9 +173,20 @@ func (r *Reconciler) stageVersions(ctx context.Context, m *clusterv1.Machine, pr
 		}
 	}
 	if stager, ok := prov.(provider.VersionStager); ok {
-		if err := stager.StageVersions(ctx, m.UID, v); err != nil {
+		err := stager.StageVersions(ctx, m.UID, v)
+		if provider.IsInvalidSpec(err) {
+			// Retrying cannot help until spec.versions changes, which
+			// brings the machine back; its Node keeps what it asked for.
+			setCondition(m, clusterv1.MachineUpToDateCondition, metav1.ConditionFalse, clusterv1.MachineVersionsUnavailableReason,
+				fmt.Sprintf("provider %s cannot stage spec.versions: %v; the machine keeps running what it runs: set spec.versions (or the cluster's version) to one the provider has", prov.Name(), err))
+			return nil, err
+		}
+		if err != nil {
 			return nil, fmt.Errorf("staging the versions of machine %s with provider %s: %w", m.Name, prov.Name(), err)
 		}
+	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineUpToDateCondition); c != nil && c.Reason == clusterv1.MachineVersionsUnavailableReason {
+		meta.RemoveStatusCondition(&m.Status.Conditions, clusterv1.MachineUpToDateCondition)
 	}
 	if r.crashed("after-stage-versions") {
 		return nil, errCrash

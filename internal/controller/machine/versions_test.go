@@ -5,14 +5,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/provider"
 )
 
 // An in-place version change (M12) reaches a running machine through its
@@ -83,3 +88,46 @@ func TestVersionChangeReachesTheMachineThroughItsNode(t *testing.T) {
 		t.Errorf("the sandbox has a versions file: %v", err)
 	}
 }
+
+// A version the provider cannot stage (its binaries were not built) is
+// said on the machine, and nothing is handed to its Node; one it can
+// stage clears it. The local provider refuses only control-plane
+// versions, which a worker cannot have, so a stager that refuses stands
+// in for it here.
+func TestVersionTheProviderCannotStageIsReported(t *testing.T) {
+	m := versionedMachine()
+	r := &Reconciler{}
+	refuse := &stager{err: &provider.InvalidSpecError{Message: "kube-apiserver-v1.99.0 was not built here"}}
+	desired, err := r.stageVersions(context.Background(), m, refuse)
+	if !provider.IsInvalidSpec(err) || desired != nil {
+		t.Fatalf("stageVersions = %v, %v; want no versions for the Node and the invalid spec", desired, err)
+	}
+	c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineUpToDateCondition)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != clusterv1.MachineVersionsUnavailableReason || !strings.Contains(c.Message, "kube-apiserver-v1.99.0") {
+		t.Errorf("condition %+v, want UpToDate=False, %s, naming the binary", c, clusterv1.MachineVersionsUnavailableReason)
+	}
+	desired, err = r.stageVersions(context.Background(), m, &stager{})
+	if err != nil || desired == nil || desired.Kubelet != "v1.37.2" {
+		t.Fatalf("stageVersions = %+v, %v; want the spec's versions", desired, err)
+	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineUpToDateCondition); c != nil {
+		t.Errorf("condition %+v left after the versions could be staged", c)
+	}
+}
+
+func versionedMachine() *clusterv1.Machine {
+	return &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Name: "m", Namespace: "ns", UID: "u"},
+		Spec:       clusterv1.MachineSpec{Versions: clusterv1.MachineVersions{Kubelet: "v1.37.2"}},
+	}
+}
+
+// stager is a provider that only stages, returning err.
+type stager struct {
+	provider.Provider
+	err error
+}
+
+func (s *stager) Name() string { return "stager" }
+
+func (s *stager) StageVersions(context.Context, types.UID, provider.Versions) error { return s.err }
