@@ -60,15 +60,29 @@ type MachineLister interface {
 	MachineUIDs(ctx context.Context) ([]types.UID, error)
 }
 
-// VersionSetter is implemented by a provider that can change the versions
-// a running machine's components run without replacing the machine: the
-// InPlace upgrade (M12). A provider without it upgrades by Replace only.
-type VersionSetter interface {
-	// SetVersions makes the machine made for uid run v: a component whose
-	// version changes restarts at the new one, the others keep running. It
-	// may be called any number of times with the same v; it returns a
-	// *NotFoundError when no machine exists for uid.
-	SetVersions(ctx context.Context, uid types.UID, v Versions) error
+// VersionStager is implemented by a provider that must put the binaries
+// of new versions on a running machine before it can run them: the InPlace
+// upgrade (M12) calls it before it asks the machine for the versions.
+//
+// A running machine learns what to run from its own workload cluster,
+// never from the provider: the machine controller writes v in the
+// annotation cluster.marina.dev/desired-versions of the machine's Node,
+// which the machine's agent watches; it restarts the component whose
+// version changed, the others keep running. A provider without
+// VersionStager still upgrades in place when its machines hold the
+// binaries of every version they may be asked for (an image made with
+// them); a missing binary fails the component, and the upgrade halts at
+// that step after its stepTimeout.
+type VersionStager interface {
+	// StageVersions makes the binaries of v available on the machine made
+	// for uid (copies them to a remote host; the local provider checks
+	// that they exist on the management host). It does not make the
+	// machine run them: the agent switches when it reads the desired
+	// versions from its Node. It may be called any number of times with
+	// the same v. It returns a *NotFoundError when no machine exists for
+	// uid, and an *InvalidSpecError when a version cannot be had at all
+	// (retrying does not help until the spec changes).
+	StageVersions(ctx context.Context, uid types.UID, v Versions) error
 }
 
 // Starter is implemented by a provider whose machines can stop and be

@@ -102,6 +102,10 @@ const (
 	MachineUpToDateReason = "UpToDate"
 	// MachineUpgradingReason: an in-place upgrade of the machine is under way.
 	MachineUpgradingReason = "Upgrading"
+	// MachineVersionsUnavailableReason: spec.versions names a version the
+	// provider cannot put on the machine (its binaries were not built or
+	// cannot be had); the machine keeps running what it runs.
+	MachineVersionsUnavailableReason = "VersionsUnavailable"
 
 	// MachineDrainedCondition is True when the machine's Node has been
 	// cordoned and its pods evicted before deletion.

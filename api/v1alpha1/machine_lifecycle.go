@@ -80,6 +80,15 @@ const (
 	// controller copies into status.versions.controlPlane.
 	ControlPlaneVersionsAnnotation = GroupName + "/control-plane-versions"
 
+	// DesiredVersionsAnnotation is written on a machine's Node by the
+	// machine controller, with the workload cluster's admin credentials:
+	// the JSON of the versions its kubelet and control-plane components
+	// should run, and the component settings by version (an InPlace
+	// upgrade, M12). The machine's agent watches its own Node and restarts
+	// just the component whose version changed; it reports what runs in
+	// ControlPlaneVersionsAnnotation and the Node's kubeletVersion.
+	DesiredVersionsAnnotation = GroupName + "/desired-versions"
+
 	// KubeletConfigAnnotation is kept on a Node by its agent: the kubelet
 	// configuration it runs, "<configmap>/<hash>" (M16); the machine
 	// controller copies it into status.kubeletConfig.

@@ -107,6 +107,15 @@ func run(ctx context.Context, dir string, t timing) error {
 	defer cancel()
 	a := &agent{boot: b, dir: dir, stop: cancel, t: t, log: log, kubeletConfig: kubeletConfig, bootID: string(uuid.NewUUID())}
 	a.kubelet.set(b.KubeletVersion)
+	// What an upgrade set before a restart holds until the Node says
+	// otherwise: the API server may not answer now.
+	desired, err := sandbox.ReadVersions(dir)
+	if err != nil {
+		return err
+	}
+	if desired.Kubelet != "" {
+		a.kubelet.set(desired.Kubelet)
+	}
 	if cpConfig != nil {
 		if a.cp, a.cs, err = startControlPlane(ctx, dir, b, cpConfig); err != nil {
 			return err
@@ -195,8 +204,8 @@ type agent struct {
 	token *bearerToken
 	cp    *controlPlane
 	boot  *sandbox.Bootstrap
-	// kubelet is the kubelet version reported: boot's, or the versions
-	// file's once an upgrade set it.
+	// kubelet is the kubelet version reported: boot's, or the desired
+	// versions' once an upgrade set it.
 	kubelet kubelet
 	// kubeletConfig is the configuration the machine was given; nil: the
 	// kubelet's defaults.
@@ -237,7 +246,7 @@ func (a *agent) run(ctx context.Context) error {
 	wg.Go(func() { a.keepLease(ctx, node) })
 	wg.Go(func() { a.keepStatus(ctx) })
 	wg.Go(func() { a.runPods(ctx) })
-	wg.Go(func() { a.watchVersions(ctx) })
+	wg.Go(func() { a.watchDesiredVersions(ctx) })
 	if a.token != nil {
 		wg.Go(func() { a.keepToken(ctx) })
 	}

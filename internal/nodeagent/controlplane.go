@@ -44,6 +44,11 @@ type controlPlane struct {
 	stacked bool
 	log     klog.Logger
 
+	// viaEndpoint is the node's client through the cluster's endpoint: it
+	// reaches the other API servers when this machine's own one is down
+	// (an upgrade step whose new version cannot start, and its rollback).
+	viaEndpoint kubernetes.Interface
+
 	// mu guards machine: what the manifests were last made from.
 	mu      sync.Mutex
 	machine *bootstrap.Machine
@@ -129,10 +134,11 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 		go promote(ctx)
 	}
 	go cp.keepCertificates(ctx, dir)
-	cs, err := nodeClient(b, set.CA)
+	cs, viaEndpoint, err := nodeClients(b, set.CA, cfg.Endpoint)
 	if err != nil {
 		return nil, nil, err
 	}
+	cp.viaEndpoint = viaEndpoint
 	log.Info("Started the control-plane components", "version", cfg.Version, "stackedEtcd", cp.stacked)
 	return cp, cs, nil
 }
@@ -270,28 +276,37 @@ func retryUntil(ctx context.Context, timeout time.Duration, f func(context.Conte
 	}
 }
 
-// nodeClient reaches the machine's own API server as the node.
-func nodeClient(b *sandbox.Bootstrap, ca *pki.KeyPair) (kubernetes.Interface, error) {
+// nodeClients reach, as the node, the machine's own API server and the
+// cluster's endpoint (host:port), with one certificate.
+func nodeClients(b *sandbox.Bootstrap, ca *pki.KeyPair, endpoint string) (local, viaEndpoint kubernetes.Interface, err error) {
 	pair, err := ca.Issue(pki.CertSpec{CommonName: "system:node:" + b.NodeName, Organizations: []string{"system:nodes"}, Usage: pki.ClientAuth})
 	if err != nil {
-		return nil, fmt.Errorf("issuing the node's client certificate: %w", err)
+		return nil, nil, fmt.Errorf("issuing the node's client certificate: %w", err)
 	}
 	key, err := pair.KeyPEM()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	cfg := &rest.Config{
-		Host:            "https://" + net.JoinHostPort(b.Address, strconv.Itoa(bootstrap.DefaultAPIServerPort)),
-		TLSClientConfig: rest.TLSClientConfig{CAData: ca.CertPEM(), CertData: pair.CertPEM(), KeyData: key},
-		UserAgent:       "marina-node-agent/" + b.NodeName,
-		QPS:             5,
-		Burst:           10,
+	client := func(host string) (kubernetes.Interface, error) {
+		cs, err := kubernetes.NewForConfig(&rest.Config{
+			Host:            "https://" + host,
+			TLSClientConfig: rest.TLSClientConfig{CAData: ca.CertPEM(), CertData: pair.CertPEM(), KeyData: key},
+			UserAgent:       "marina-node-agent/" + b.NodeName,
+			QPS:             5,
+			Burst:           10,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("building the node's client for %s: %w", host, err)
+		}
+		return cs, nil
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("building the node's client: %w", err)
+	if local, err = client(net.JoinHostPort(b.Address, strconv.Itoa(bootstrap.DefaultAPIServerPort))); err != nil {
+		return nil, nil, err
 	}
-	return cs, nil
+	if viaEndpoint, err = client(endpoint); err != nil {
+		return nil, nil, err
+	}
+	return local, viaEndpoint, nil
 }
 
 // nodeSettableLabel reports whether NodeRestriction lets a node set the

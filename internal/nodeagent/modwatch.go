@@ -15,9 +15,8 @@ import (
 type modWatch struct {
 	path string
 	last time.Time
-	// missing: the last look found no file, and said so. A worker's
-	// versions file does not exist until an upgrade writes it: looking
-	// again every second finds nothing new to read.
+	// missing: the last look found no file, and said so: looking again
+	// finds nothing new to read until it exists.
 	missing bool
 }
 

@@ -8,13 +8,13 @@ import (
 )
 
 func TestModWatch(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "versions.json")
+	path := filepath.Join(t.TempDir(), "members")
 	w := modWatch{path: path}
 	if !w.changed() {
 		t.Error("a missing file reads as unchanged: the caller would never learn it is missing")
 	}
-	// Issue 25: a worker's versions file does not exist until an upgrade
-	// writes it; each worker read it every second all the same.
+	// Issue 25: a file that does not exist yet (a worker's versions file,
+	// before issue 26) was read every second all the same.
 	if w.changed() {
 		t.Error("a file still missing reads as changed at every look")
 	}

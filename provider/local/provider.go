@@ -65,7 +65,7 @@ type Provider struct {
 var (
 	_ provider.Provider      = (*Provider)(nil)
 	_ provider.VersionLister = (*Provider)(nil)
-	_ provider.VersionSetter = (*Provider)(nil)
+	_ provider.VersionStager = (*Provider)(nil)
 	_ provider.MachineLister = (*Provider)(nil)
 	_ provider.Starter       = (*Provider)(nil)
 	_ provider.StateWatcher  = (*Provider)(nil)
@@ -315,29 +315,34 @@ func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
 	return p.removeLeftovers(uid)
 }
 
-// SetVersions implements provider.VersionSetter: it writes the sandbox's
-// versions file, which the agent watches; it restarts a control-plane
-// component whose version changed with the binary of the new version.
-func (p *Provider) SetVersions(_ context.Context, uid types.UID, v provider.Versions) error {
+// StageVersions implements provider.VersionStager. The sandboxes run the
+// binaries of the management host's bin directory, so there is nothing to
+// copy: it checks that the machine exists and that every control-plane
+// version v asks for was built here. It writes nothing into the sandbox:
+// the agent learns the versions from its Node.
+func (p *Provider) StageVersions(_ context.Context, uid types.UID, v provider.Versions) error {
 	if err := checkUID(uid); err != nil {
 		return err
 	}
 	defer p.lock(uid)()
-	dir := p.sandboxDir(uid)
-	if _, err := sandbox.ReadBootstrap(dir); errors.Is(err, fs.ErrNotExist) {
+	if _, err := sandbox.ReadBootstrap(p.sandboxDir(uid)); errors.Is(err, fs.ErrNotExist) {
 		return &provider.NotFoundError{UID: uid}
 	} else if err != nil {
 		return err
 	}
-	for _, want := range []string{v.ControlPlane.APIServer, v.ControlPlane.ControllerManager, v.ControlPlane.Scheduler} {
-		if want == "" || p.binDir == "" {
-			continue
+	if p.binDir == "" {
+		return nil
+	}
+	for _, bin := range []string{"kube-apiserver-" + v.ControlPlane.APIServer, "kube-controller-manager-" + v.ControlPlane.ControllerManager,
+		"kube-scheduler-" + v.ControlPlane.Scheduler, "etcd-" + v.ControlPlane.Etcd} {
+		if strings.HasSuffix(bin, "-") {
+			continue // not asked for
 		}
-		if _, err := os.Stat(filepath.Join(p.binDir, "kube-apiserver-"+want)); err != nil {
-			return &provider.InvalidSpecError{Message: fmt.Sprintf("Kubernetes %s was not built here (%s): run make setup with it", want, p.binDir)}
+		if _, err := os.Stat(filepath.Join(p.binDir, bin)); err != nil {
+			return &provider.InvalidSpecError{Message: fmt.Sprintf("%s was not built here (%s): run make setup with its version", bin, p.binDir)}
 		}
 	}
-	return sandbox.WriteVersions(dir, sandbox.Versions{Kubelet: v.Kubelet, ControlPlane: v.ControlPlane, Settings: v.Settings})
+	return nil
 }
 
 // UIDs lists the machines that have a sandbox under the root (not the

@@ -18,10 +18,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/prober"
+	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/testenv"
 )
 
@@ -124,7 +126,7 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := recordVersions(ctx, c, key)
+	rec := recordVersions(ctx, u.stateDir, key)
 
 	// Fixing the spec (the flag removed) lets the upgrade go on.
 	start := time.Now()
@@ -143,7 +145,6 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	t.Logf("%s: killing marina up mid-upgrade", time.Since(start).Round(100*time.Millisecond))
 	u = restartKilled(t, u, u.stateDir)
 	c = mgmtClient(t, u.stateDir)
-	rec.setClient(c)
 	waitUpgraded(t, ctx, c, key, 12*time.Minute)
 	took := time.Since(start)
 	res := probe.Stop()
@@ -308,9 +309,11 @@ func waitUpgraded(t *testing.T, ctx context.Context, c client.Client, key types.
 	})
 }
 
-// change is one component of one machine first seen at the new version.
+// change is one component of one machine first seen at the new version;
+// seq orders the changes as the management API server wrote them.
 type change struct {
 	at                 time.Time
+	seq                int
 	machine, component string
 }
 
@@ -318,15 +321,8 @@ type versionRecorder struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	mu      sync.Mutex
-	c       client.Client
 	changes []change
-}
-
-// setClient points the recorder at a restarted management plane.
-func (r *versionRecorder) setClient(c client.Client) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.c = c
+	seen    map[string]bool
 }
 
 // count is how many machines' component moved so far.
@@ -342,40 +338,20 @@ func (r *versionRecorder) count(component string) int {
 	return n
 }
 
-// recordVersions polls the control-plane machines' status.versions every
-// 200ms and records when each component of each machine first reports
-// upgradeTo.
-func recordVersions(ctx context.Context, c client.Client, key types.NamespacedName) *versionRecorder {
+// recordVersions watches the control-plane machines' status.versions and
+// records when each component of each machine first reports upgradeTo, in
+// the order of the writes. A watch, not a poll: since issue 26 a kubelet
+// step can be taken and reported within one 200 ms poll of the scheduler
+// step before it, and a poll cannot order two changes it sees at once. It
+// follows the management plane across a restart (the same state
+// directory, a new connection).
+func recordVersions(ctx context.Context, stateDir string, key types.NamespacedName) *versionRecorder {
 	ctx, cancel := context.WithCancel(ctx)
-	r := &versionRecorder{cancel: cancel, done: make(chan struct{}), c: c}
-	seen := map[string]bool{}
+	r := &versionRecorder{cancel: cancel, done: make(chan struct{}), seen: map[string]bool{}}
 	go func() {
 		defer close(r.done)
 		for ctx.Err() == nil {
-			var list clusterv1.MachineList
-			r.mu.Lock()
-			c := r.c
-			r.mu.Unlock()
-			if err := c.List(ctx, &list, client.InNamespace(key.Namespace), client.HasLabels{clusterv1.ControlPlaneLabel}); err == nil {
-				now := time.Now()
-				for _, m := range list.Items {
-					v := m.Status.Versions.ControlPlane
-					if v == nil {
-						continue
-					}
-					for component, got := range map[string]string{
-						"kube-apiserver": v.APIServer, "kube-controller-manager": v.ControllerManager,
-						"kube-scheduler": v.Scheduler, "kubelet": m.Status.Versions.Kubelet,
-					} {
-						if id := m.Name + "/" + component; got == upgradeTo && !seen[id] {
-							seen[id] = true
-							r.mu.Lock()
-							r.changes = append(r.changes, change{at: now, machine: m.Name, component: component})
-							r.mu.Unlock()
-						}
-					}
-				}
-			}
+			r.follow(ctx, stateDir, key)
 			select {
 			case <-ctx.Done():
 			case <-time.After(200 * time.Millisecond):
@@ -385,13 +361,60 @@ func recordVersions(ctx context.Context, c client.Client, key types.NamespacedNa
 	return r
 }
 
+// follow lists the machines, then watches them from that list until the
+// watch ends (the management plane stopped) or ctx does.
+func (r *versionRecorder) follow(ctx context.Context, stateDir string, key types.NamespacedName) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(stateDir, "admin.kubeconfig"))
+	if err != nil {
+		return
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return
+	}
+	opts := []client.ListOption{client.InNamespace(key.Namespace), client.HasLabels{clusterv1.ControlPlaneLabel}}
+	var list clusterv1.MachineList
+	if err := c.List(ctx, &list, opts...); err != nil {
+		return
+	}
+	for i := range list.Items {
+		r.observe(&list.Items[i])
+	}
+	w, err := c.Watch(ctx, &clusterv1.MachineList{}, append(opts, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})...)
+	if err != nil {
+		return
+	}
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		if m, ok := ev.Object.(*clusterv1.Machine); ok {
+			r.observe(m)
+		}
+	}
+}
+
+func (r *versionRecorder) observe(m *clusterv1.Machine) {
+	v := m.Status.Versions.ControlPlane
+	if v == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, component := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"} {
+		got := map[string]string{"kube-apiserver": v.APIServer, "kube-controller-manager": v.ControllerManager,
+			"kube-scheduler": v.Scheduler, "kubelet": m.Status.Versions.Kubelet}[component]
+		if id := m.Name + "/" + component; got == upgradeTo && !r.seen[id] {
+			r.seen[id] = true
+			r.changes = append(r.changes, change{at: time.Now(), seq: len(r.changes), machine: m.Name, component: component})
+		}
+	}
+}
+
 func (r *versionRecorder) stop() []change {
 	r.cancel()
 	<-r.done
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	slices.SortStableFunc(r.changes, func(a, b change) int { return a.at.Compare(b.at) })
-	return r.changes
+	return slices.Clone(r.changes)
 }
 
 // checkOrder asserts M12's order: every API server before any controller
@@ -400,16 +423,16 @@ func (r *versionRecorder) stop() []change {
 func checkOrder(t *testing.T, changes []change, machines int) {
 	t.Helper()
 	order := []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
-	last := map[string]time.Time{}
-	first := map[string]time.Time{}
+	last := map[string]change{}
+	first := map[string]change{}
 	count := map[string]int{}
 	for _, ch := range changes {
 		count[ch.component]++
-		if f, ok := first[ch.component]; !ok || ch.at.Before(f) {
-			first[ch.component] = ch.at
+		if f, ok := first[ch.component]; !ok || ch.seq < f.seq {
+			first[ch.component] = ch
 		}
-		if ch.at.After(last[ch.component]) {
-			last[ch.component] = ch.at
+		if l, ok := last[ch.component]; !ok || ch.seq > l.seq {
+			last[ch.component] = ch
 		}
 	}
 	for _, c := range order {
@@ -419,8 +442,9 @@ func checkOrder(t *testing.T, changes []change, machines int) {
 	}
 	for i := 1; i < len(order); i++ {
 		before, after := order[i-1], order[i]
-		if !last[before].Before(first[after]) {
-			t.Errorf("a %s moved (at %s) before the last %s (at %s)", after, first[after].Format("15:04:05.000"), before, last[before].Format("15:04:05.000"))
+		if count[before] > 0 && count[after] > 0 && last[before].seq > first[after].seq {
+			t.Errorf("a %s moved (on %s at %s) before the last %s (on %s at %s)", after, first[after].machine, first[after].at.Format("15:04:05.000"),
+				before, last[before].machine, last[before].at.Format("15:04:05.000"))
 		}
 	}
 }

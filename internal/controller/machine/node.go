@@ -8,6 +8,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/nodeagent"
+	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/provider"
 )
 
 // Well-known node role label and taint (M9).
@@ -126,6 +129,30 @@ func syncNodeMetadata(ctx context.Context, c client.Client, node *corev1.Node, m
 	patched.Labels, patched.Spec.Taints, patched.Annotations = newLabels, newTaints, newAnnotations
 	if err := c.Patch(ctx, patched, client.MergeFromWithOptions(node, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("copying labels, taints and annotations onto node %s: %w", node.Name, client.IgnoreNotFound(err))
+	}
+	return nil
+}
+
+// setDesiredVersions writes v in the node's annotation
+// cluster.marina.dev/desired-versions, which the machine's agent watches
+// (M12), when it says something else. It is written with the workload
+// cluster's admin credentials: NodeRestriction lets a node change its own
+// Node, never another's.
+func setDesiredVersions(ctx context.Context, c client.Client, node *corev1.Node, v provider.Versions) error {
+	raw, err := nodeagent.EncodeDesiredVersions(sandbox.Versions{Kubelet: v.Kubelet, ControlPlane: v.ControlPlane, Settings: v.Settings})
+	if err != nil {
+		return err
+	}
+	if node.Annotations[clusterv1.DesiredVersionsAnnotation] == raw {
+		return nil
+	}
+	patched := node.DeepCopy()
+	if patched.Annotations == nil {
+		patched.Annotations = map[string]string{}
+	}
+	patched.Annotations[clusterv1.DesiredVersionsAnnotation] = raw
+	if err := c.Patch(ctx, patched, client.MergeFrom(node)); err != nil {
+		return fmt.Errorf("writing the desired versions on node %s: %w", node.Name, err)
 	}
 	return nil
 }

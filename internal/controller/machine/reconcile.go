@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -133,6 +134,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, before, m *clusterv1.M
 		return ctrl.Result{}, nil
 	}
 	clearFixableFailure(m)
+	var desired *provider.Versions // staged this pass: the Node may ask for them
 	resolved, err := r.resolve(ctx, m, prov)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -148,32 +150,48 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, before, m *clusterv1.M
 		return ctrl.Result{}, err
 	} else if res, err := r.reconcileInstance(ctx, before, m, prov, inst); err != nil || !res.IsZero() {
 		return res, err
-	} else if err := r.setVersions(ctx, m, prov); err != nil {
+	} else if desired, err = r.stageVersions(ctx, m, prov); err != nil && !provider.IsInvalidSpec(err) {
 		return ctrl.Result{}, err
 	}
-	return r.reconcileNode(ctx, m, resolved)
+	return r.reconcileNode(ctx, m, resolved, desired)
 }
 
-// setVersions hands a provider that upgrades in place (M12) the versions
-// spec.versions asks for, and the component settings the control plane
-// recorded for the versions it moved components to; it changes nothing
-// when they run already. The control-plane
-// controller moves spec.versions one component at a time.
-func (r *Reconciler) setVersions(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) error {
-	setter, ok := prov.(provider.VersionSetter)
-	if !ok {
-		return nil
-	}
+// stageVersions is the machine's half of an InPlace upgrade step (M12):
+// the versions spec.versions asks for, with the component settings the
+// control plane recorded for the versions it moved components to, are
+// first staged by a provider that must put binaries on the machine
+// (VersionStager); reconcileNode then writes them on the machine's Node,
+// where its agent reads them. Staging comes first, so an agent never reads
+// versions whose binaries are not there yet; a controller killed between
+// the two stages again (a no-op) and writes the Node on its next pass. The
+// control-plane controller moves spec.versions one component at a time.
+func (r *Reconciler) stageVersions(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (*provider.Versions, error) {
 	v := provider.Versions{Kubelet: string(m.Spec.Versions.Kubelet), ControlPlane: m.Spec.Versions.ControlPlaneComponents()}
 	if raw := m.Annotations[clusterv1.ComponentSettingsAnnotation]; raw != "" {
 		if err := json.Unmarshal([]byte(raw), &v.Settings); err != nil {
-			return fmt.Errorf("machine %s: annotation %s is not a map of versions to component settings: %w", m.Name, clusterv1.ComponentSettingsAnnotation, err)
+			return nil, fmt.Errorf("machine %s: annotation %s is not a map of versions to component settings: %w", m.Name, clusterv1.ComponentSettingsAnnotation, err)
 		}
 	}
-	if err := setter.SetVersions(ctx, m.UID, v); err != nil {
-		return fmt.Errorf("setting the versions of machine %s with provider %s: %w", m.Name, prov.Name(), err)
+	if stager, ok := prov.(provider.VersionStager); ok {
+		err := stager.StageVersions(ctx, m.UID, v)
+		if provider.IsInvalidSpec(err) {
+			// Retrying cannot help until spec.versions changes, which
+			// brings the machine back; its Node keeps what it asked for.
+			setCondition(m, clusterv1.MachineUpToDateCondition, metav1.ConditionFalse, clusterv1.MachineVersionsUnavailableReason,
+				fmt.Sprintf("provider %s cannot stage spec.versions: %v; the machine keeps running what it runs: set spec.versions (or the cluster's version) to one the provider has", prov.Name(), err))
+			return nil, err
+		}
+		if err != nil {
+			return nil, fmt.Errorf("staging the versions of machine %s with provider %s: %w", m.Name, prov.Name(), err)
+		}
 	}
-	return nil
+	if c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineUpToDateCondition); c != nil && c.Reason == clusterv1.MachineVersionsUnavailableReason {
+		meta.RemoveStatusCondition(&m.Status.Conditions, clusterv1.MachineUpToDateCondition)
+	}
+	if r.crashed("after-stage-versions") {
+		return nil, errCrash
+	}
+	return &v, nil
 }
 
 // resolve merges the class and checks the blob with the provider. A nil
@@ -284,9 +302,10 @@ func (r *Reconciler) describe(ctx context.Context, m *clusterv1.Machine, prov pr
 }
 
 // reconcileNode finds the machine's Node by providerID, records it, mirrors
-// its readiness, and keeps the machine's labels and taints on it (when its
+// its readiness, writes on it the versions staged this pass (desired, when
+// not nil), and keeps the machine's labels and taints on it (when its
 // configuration resolves; resolved may be nil).
-func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, resolved *class.Resolved) (ctrl.Result, error) {
+func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, resolved *class.Resolved, desired *provider.Versions) (ctrl.Result, error) {
 	cl, res, err := r.cluster(ctx, m, clusterv1.MachineNodeReadyCondition)
 	if cl == nil {
 		return res, err
@@ -319,6 +338,11 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 		m.Status.Versions.ControlPlane = controlPlaneVersions(node)
 	}
 	setNodeReady(m, node)
+	if desired != nil {
+		if err := setDesiredVersions(ctx, cl.Client, node, *desired); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	if resolved == nil {
 		return ctrl.Result{}, nil // the configuration does not resolve: see ProviderSpecResolved
 	}

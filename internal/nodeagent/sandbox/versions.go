@@ -13,14 +13,19 @@ import (
 	"marina.dev/marina/internal/files"
 )
 
-// VersionsFile holds the versions the machine's components should run
-// now, when they differ from those it was made with: an in-place upgrade
-// (M12) rewrites it one component at a time, and the agent restarts just
-// that component.
-const VersionsFile = "versions.json"
+// DesiredVersionsFile is the machine's own record of the versions its
+// components should run, when they differ from those it was made with.
+// Only the machine's agent writes it: it copies there the desired versions
+// it read from its Node (annotation cluster.marina.dev/desired-versions)
+// before it acts on them, so that an agent restarted while its API server
+// is down (the one it was restarting, on a lone control-plane machine)
+// starts the components at the versions it last applied. The management
+// host never writes into a running machine.
+const DesiredVersionsFile = "desired-versions.json"
 
-// Versions is the content of VersionsFile. Empty fields keep the versions
-// the machine was made with.
+// Versions is the content of DesiredVersionsFile, and of the Node
+// annotation it is copied from. Empty fields keep the versions the machine
+// was made with.
 type Versions struct {
 	Kubelet      string                      `json:"kubelet,omitempty"`
 	ControlPlane clusterv1.ComponentVersions `json:"controlPlane,omitempty"`
@@ -30,23 +35,25 @@ type Versions struct {
 	Settings map[string]clusterv1.ControlPlaneComponents `json:"settings,omitempty"`
 }
 
-// ReadVersions reads dir's versions; a missing file is no override.
+// ReadVersions reads dir's desired versions; a missing file is no
+// override.
 func ReadVersions(dir string) (Versions, error) {
 	var v Versions
-	data, err := os.ReadFile(filepath.Join(dir, VersionsFile))
+	data, err := os.ReadFile(filepath.Join(dir, DesiredVersionsFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return v, nil
 	}
 	if err != nil {
-		return v, fmt.Errorf("reading the versions of sandbox %s: %w", dir, err)
+		return v, fmt.Errorf("reading the desired versions of sandbox %s: %w", dir, err)
 	}
 	if err := json.Unmarshal(data, &v); err != nil {
-		return v, fmt.Errorf("decoding %s: %w", filepath.Join(dir, VersionsFile), err)
+		return v, fmt.Errorf("decoding %s: %w", filepath.Join(dir, DesiredVersionsFile), err)
 	}
 	return v, nil
 }
 
-// WriteVersions writes v into dir atomically; it writes nothing when the
+// WriteVersions writes v into dir atomically (and durably: it is what a
+// restarted agent starts the components with); it writes nothing when the
 // file already says v, so that calling it again changes nothing.
 func WriteVersions(dir string, v Versions) error {
 	if have, err := ReadVersions(dir); err == nil && reflect.DeepEqual(have, v) {
@@ -56,5 +63,5 @@ func WriteVersions(dir string, v Versions) error {
 	if err != nil {
 		return fmt.Errorf("encoding the versions: %w", err)
 	}
-	return files.WriteAtomic(filepath.Join(dir, VersionsFile), data, 0o600)
+	return files.WriteAtomic(filepath.Join(dir, DesiredVersionsFile), data, 0o600)
 }
