@@ -68,8 +68,7 @@ type Reconciler struct {
 	// a provider saw stop or start, to the queue.
 	nodeEvents chan event.TypedGenericEvent[*clusterv1.Machine]
 	// done ends blocked sends to nodeEvents when the manager stops.
-	done     <-chan struct{}
-	identity identityCache
+	done <-chan struct{}
 	// bootstrapRBAC: the clusters where TLS bootstrap is allowed.
 	bootstrapRBAC identityCache
 }

@@ -302,7 +302,7 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 		setReady(m)
 		return ctrl.Result{}, nil // the Node watch brings the machine back
 	}
-	if m.Status.NodeRef == nil && !hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) && r.madeByMarina(ctx, m) {
+	if m.Status.NodeRef == nil && !hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) {
 		// The worker has joined: its bootstrap token has served. Were this
 		// lost to a crash, the token expires on its own.
 		if err := bootstraptoken.Delete(ctx, cl.Clientset, m.UID); err != nil {
