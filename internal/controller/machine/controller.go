@@ -54,6 +54,10 @@ type Options struct {
 	// crashAt, in tests only, aborts a reconcile at a named step, as if the
 	// process had been killed there.
 	crashAt func(step string) bool
+	// clusterHealthInterval, in tests only, replaces how often a cached
+	// workload cluster is probed (remote.Options.HealthInterval), so that
+	// a test can hold a cluster that answered its last probe.
+	clusterHealthInterval time.Duration
 }
 
 // Reconciler reconciles Machines.
@@ -104,8 +108,9 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 		done:       ctx.Done(),
 	}
 	r.clusters = remote.NewCache(mgr.GetClient(), mgr.GetScheme(), remote.Options{
-		SyncTimeout: 10 * time.Second,
-		OnNodeEvent: r.nodeChanged,
+		SyncTimeout:    10 * time.Second,
+		HealthInterval: opts.clusterHealthInterval,
+		OnNodeEvent:    r.nodeChanged,
 	})
 	if err := indexMachines(ctx, mgr); err != nil {
 		return nil, err
