@@ -64,7 +64,7 @@ func TestNodeDeletionTimeoutBoundsAClusterThatFailsTheDrain(t *testing.T) {
 		}
 		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineDrainedCondition)
 		return c != nil && c.Reason == clusterv1.MachineNodeNotDeletedReason &&
-			strings.Contains(c.Message, "fails to drain or find the node") && strings.Contains(c.Message, "spec.nodeDeletionTimeout (15s) has passed"),
+				strings.Contains(c.Message, "fails to drain or find the node") && strings.Contains(c.Message, "spec.nodeDeletionTimeout (15s) has passed"),
 			fmt.Errorf("conditions %v", got.Status.Conditions)
 	})
 	if took := time.Since(deleted); took < bounded.Spec.NodeDeletionTimeout.Duration-time.Second {
