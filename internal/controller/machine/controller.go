@@ -110,6 +110,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 	r.clusters = remote.NewCache(mgr.GetClient(), mgr.GetScheme(), remote.Options{
 		SyncTimeout:    10 * time.Second,
 		HealthInterval: opts.clusterHealthInterval,
+		Live:           mgr.GetAPIReader(),
 		OnNodeEvent:    r.nodeChanged,
 	})
 	if err := indexMachines(ctx, mgr); err != nil {

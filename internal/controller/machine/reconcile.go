@@ -344,6 +344,11 @@ func (r *Reconciler) cluster(ctx context.Context, m *clusterv1.Machine, t string
 	switch {
 	case err == nil:
 		return cl, ctrl.Result{}, nil
+	case errors.Is(err, remote.ErrKubeconfigUnlabelled):
+		setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
+			fmt.Sprintf("waiting for cluster %s: %v", m.Spec.ClusterName, err))
+		setReady(m)
+		return nil, ctrl.Result{}, nil // labelling the Secret brings the machine back
 	case errors.Is(err, remote.ErrKubeconfigMissing):
 		setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
 			fmt.Sprintf("waiting for cluster %s: its kubeconfig Secret %s does not exist yet", m.Spec.ClusterName, remote.KubeconfigSecretName(m.Spec.ClusterName)))
