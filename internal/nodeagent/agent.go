@@ -149,8 +149,8 @@ func lockDir(dir string, t timing, what string) (string, *os.File, error) {
 // checkBootstrap: a control-plane machine has no server or token, it runs
 // its own API server and makes its own credential; a worker joins with a
 // bootstrap token, whatever runs its control plane (a sandbox of an older
-// marina holding a ServiceAccount token is refused: its machine is to be
-// made again).
+// marina holding a ServiceAccount token is refused; the provider's Start
+// asks for a fresh bootstrap for it, see CheckCredential).
 func checkBootstrap(b *sandbox.Bootstrap, controlPlane bool) error {
 	var missing []error
 	required := map[string]string{"nodeName": b.NodeName, "providerID": b.ProviderID, "address": b.Address}

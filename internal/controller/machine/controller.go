@@ -44,8 +44,8 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// ControlPlaneBootstrap returns the control-plane document
 	// (provider.Bootstrap.ControlPlane) of a machine with the ControlPlane
-	// role. Nil: such machines are bootstrapped as workers, with a token of
-	// a cluster someone else made.
+	// role. Nil: such machines are bootstrapped as workers, with a
+	// bootstrap token of a cluster someone else made.
 	ControlPlaneBootstrap func(ctx context.Context, m *clusterv1.Machine) ([]byte, error)
 	// UnreachablePodGrace: while draining a Node that is not Ready, a pod
 	// whose deletion is older than this is left behind; 0 means
