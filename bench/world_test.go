@@ -60,8 +60,9 @@ func startWorld(b *testing.B) *world {
 		},
 	}))
 	must(b, w.mgmt.Client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName("bench"), Namespace: w.ns},
-		Data:       map[string][]byte{remote.KubeconfigSecretKey: w.workload.Kubeconfig},
+		ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName("bench"), Namespace: w.ns,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: "bench"}},
+		Data: map[string][]byte{remote.KubeconfigSecretKey: w.workload.Kubeconfig},
 	}))
 
 	w.sandboxes = filepath.Join(tmp, "machines")

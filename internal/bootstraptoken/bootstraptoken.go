@@ -1,5 +1,6 @@
-// Package bootstraptoken lets workers join a cluster marina made the way
-// kubelets do (issue: clusters): a short-lived bootstrap token per machine
+// Package bootstraptoken lets workers join their cluster the way kubelets
+// do, whoever runs its control plane (issue 24): a short-lived bootstrap
+// token per machine
 // in the workload cluster, used once for TLS bootstrap (a CSR for
 // system:node:<name>, approved and signed by the cluster's
 // kube-controller-manager), after which the machine runs with its own node

@@ -120,22 +120,22 @@ func Initialized(cluster *clusterv1.Cluster) bool {
 // Secret is a *LostError. With spec.controlPlane.caSecretRef, the user's CA
 // is checked first and nothing is created when it is unusable (an
 // *InvalidCAError).
-func Ensure(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, now time.Time) (*Set, error) {
-	return load(ctx, c, cluster, now, !Initialized(cluster))
+func Ensure(ctx context.Context, c client.Client, live client.Reader, cluster *clusterv1.Cluster, now time.Time) (*Set, error) {
+	return load(ctx, c, live, cluster, now, !Initialized(cluster))
 }
 
 // Load loads the cluster's key material and creates nothing: for callers
 // that run after the cluster controller has made it (a machine's
 // bootstrap), where a missing Secret is a *LostError.
-func Load(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, now time.Time) (*Set, error) {
-	return load(ctx, c, cluster, now, false)
+func Load(ctx context.Context, c client.Client, live client.Reader, cluster *clusterv1.Cluster, now time.Time) (*Set, error) {
+	return load(ctx, c, live, cluster, now, false)
 }
 
-func load(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, now time.Time, create bool) (*Set, error) {
+func load(ctx context.Context, c client.Client, live client.Reader, cluster *clusterv1.Cluster, now time.Time, create bool) (*Set, error) {
 	set := &Set{}
 	var err error
 	if ref := cluster.Spec.ControlPlane.CASecretRef; ref != nil {
-		if set.CA, err = userCA(ctx, c, cluster.Namespace, ref.Name, now); err != nil {
+		if set.CA, err = userCA(ctx, live, cluster.Namespace, ref.Name, now); err != nil {
 			return nil, err
 		}
 	} else if set.CA, err = ensureCA(ctx, c, cluster, ClusterCA, "kubernetes", create); err != nil {
@@ -216,8 +216,10 @@ func ensureSecret(ctx context.Context, c client.Client, cluster *clusterv1.Clust
 	return secret, nil
 }
 
-// userCA reads and checks the user's CA Secret (M15).
-func userCA(ctx context.Context, c client.Client, namespace, name string, now time.Time) (*pki.KeyPair, error) {
+// userCA reads and checks the user's CA Secret (M15), uncached through
+// live: marina's cache holds only the Secrets it labels, and a user's
+// Secret need not carry the label.
+func userCA(ctx context.Context, c client.Reader, namespace, name string, now time.Time) (*pki.KeyPair, error) {
 	secret := &corev1.Secret{}
 	ref := namespace + "/" + name
 	if err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, secret); err != nil {

@@ -151,7 +151,7 @@ func TestEnsureMakesEachCAOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sets[i], errs[i] = clusterpki.Ensure(context.Background(), env.Client, cluster, time.Now())
+			sets[i], errs[i] = clusterpki.Ensure(context.Background(), env.Client, env.Client, cluster, time.Now())
 		}()
 	}
 	wg.Wait()
@@ -196,7 +196,7 @@ func TestEnsureUsesTheUsersCAOrMakesNothing(t *testing.T) {
 	t.Run("usable", func(t *testing.T) {
 		ns := env.Namespace(t)
 		userSecret(t, ns, goodCert, goodKey)
-		set, err := clusterpki.Ensure(ctx, env.Client, newCluster(t, ns, "my-ca"), now)
+		set, err := clusterpki.Ensure(ctx, env.Client, env.Client, newCluster(t, ns, "my-ca"), now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,7 +222,7 @@ func TestEnsureUsesTheUsersCAOrMakesNothing(t *testing.T) {
 			if tc.cert != nil {
 				userSecret(t, ns, tc.cert, tc.key)
 			}
-			_, err := clusterpki.Ensure(ctx, env.Client, newCluster(t, ns, "my-ca"), now)
+			_, err := clusterpki.Ensure(ctx, env.Client, env.Client, newCluster(t, ns, "my-ca"), now)
 			var invalid *clusterpki.InvalidCAError
 			if !errors.As(err, &invalid) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want an InvalidCAError saying %q", err, tc.want)
@@ -253,7 +253,7 @@ func TestAdminKubeconfigIsRenewedBeforeItExpires(t *testing.T) {
 	ns := env.Namespace(t)
 	cluster := newCluster(t, ns, "")
 	now := time.Now()
-	set, err := clusterpki.Ensure(ctx, env.Client, cluster, now)
+	set, err := clusterpki.Ensure(ctx, env.Client, env.Client, cluster, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,13 +320,13 @@ func TestKeyMaterialIsMadeOnlyBeforeInitialisation(t *testing.T) {
 	ns := env.Namespace(t)
 	cluster := newCluster(t, ns, "")
 	var lost *clusterpki.LostError
-	if _, err := clusterpki.Load(ctx, env.Client, cluster, time.Now()); !errors.As(err, &lost) {
+	if _, err := clusterpki.Load(ctx, env.Client, env.Client, cluster, time.Now()); !errors.As(err, &lost) {
 		t.Fatalf("Load of a cluster with no key material: %v, want a *LostError", err)
 	}
 	if names := secretNames(t, ns); len(names) != 0 {
 		t.Fatalf("Load made Secrets %v", names)
 	}
-	if _, err := clusterpki.Ensure(ctx, env.Client, cluster, time.Now()); err != nil {
+	if _, err := clusterpki.Ensure(ctx, env.Client, env.Client, cluster, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	meta.SetStatusCondition(&cluster.Status.Conditions, metav1.Condition{Type: clusterv1.ClusterControlPlaneInitializedCondition,
@@ -340,7 +340,7 @@ func TestKeyMaterialIsMadeOnlyBeforeInitialisation(t *testing.T) {
 		if err := env.Client.Delete(ctx, saved); err != nil {
 			t.Fatal(err)
 		}
-		_, err := clusterpki.Ensure(ctx, env.Client, cluster, time.Now())
+		_, err := clusterpki.Ensure(ctx, env.Client, env.Client, cluster, time.Now())
 		if !errors.As(err, &lost) || lost.Secret != key.String() {
 			t.Errorf("Ensure of an initialised cluster without %s: %v, want a *LostError naming it", key, err)
 		}
@@ -352,7 +352,7 @@ func TestKeyMaterialIsMadeOnlyBeforeInitialisation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := clusterpki.Ensure(ctx, env.Client, cluster, time.Now()); err != nil {
+	if _, err := clusterpki.Ensure(ctx, env.Client, env.Client, cluster, time.Now()); err != nil {
 		t.Errorf("Ensure with every Secret restored: %v", err)
 	}
 }

@@ -7,10 +7,12 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -23,6 +25,7 @@ import (
 	"marina.dev/marina/internal/controller/machineset"
 	"marina.dev/marina/internal/controller/safety"
 	"marina.dev/marina/internal/metrics"
+	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
@@ -105,11 +108,13 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		metricsOpts.SecureServing = true
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
+	cacheOpts, err := CacheOptions()
+	if err != nil {
+		return nil, err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: scheme.New(),
-		// No controller reads managedFields, and they are a large part of
-		// every cached Machine: a fleet of 1,010 held them all.
-		Cache:                   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Scheme:                  scheme.New(),
+		Cache:                   cacheOpts,
 		LeaderElection:          opts.LeaderElection,
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,
@@ -144,6 +149,28 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 
 // setupControllers registers each controller with the manager. Controllers
 // arrive with their issues; this list is the one place they are wired in.
+// CacheOptions are what the manager's cache holds.
+//
+// Secrets: only those labelled clusterv1.ClusterNameLabel (every Secret
+// marina makes for a cluster, and the kubeconfig Secret a user makes for a
+// cluster someone else runs), not every Secret of the management plane
+// (issue 24, finding 6): a cluster-wide watch would put each tenant's
+// Secrets in marina's memory. Secrets a user names in a spec (a CA, an
+// external etcd's client certificate) are read uncached when needed.
+//
+// No controller reads managedFields, and they are a large part of every
+// cached Machine: a fleet of 1,010 held them all.
+func CacheOptions() (cache.Options, error) {
+	secrets, err := remote.CachedSecrets()
+	if err != nil {
+		return cache.Options{}, err
+	}
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject:         map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: secrets}},
+	}, nil
+}
+
 func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.Registry, opts Options) error {
 	clusters, err := cluster.SetupWithManager(mgr, cluster.Options{
 		Providers:               registry,

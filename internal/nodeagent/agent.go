@@ -40,10 +40,6 @@ type timing struct {
 	lockWait time.Duration
 	// retryMax caps the backoff between failed registrations.
 	retryMax time.Duration
-	// tokenCheck is how often the token's age is checked; it is renewed
-	// past tokenRenewFraction of its lifetime.
-	tokenCheck         time.Duration
-	tokenRenewFraction float64
 	// versionsCheck is how often a control-plane machine's component
 	// versions are read and, when they changed, reported.
 	versionsCheck time.Duration
@@ -54,17 +50,15 @@ type timing struct {
 }
 
 var defaultTiming = timing{
-	leaseRenew:         10 * time.Second,
-	leaseDuration:      40,
-	statusUpdate:       10 * time.Second,
-	statusReport:       5 * time.Minute,
-	lockWait:           2 * time.Second,
-	retryMax:           30 * time.Second,
-	tokenCheck:         10 * time.Minute,
-	tokenRenewFraction: 0.5,
-	versionsCheck:      2 * time.Second,
-	logCheck:           10 * time.Second,
-	logMax:             10 << 20,
+	leaseRenew:    10 * time.Second,
+	leaseDuration: 40,
+	statusUpdate:  10 * time.Second,
+	statusReport:  5 * time.Minute,
+	lockWait:      2 * time.Second,
+	retryMax:      30 * time.Second,
+	versionsCheck: 2 * time.Second,
+	logCheck:      10 * time.Second,
+	logMax:        10 << 20,
 }
 
 // Run runs the node agent of the sandbox dir until ctx ends. It first takes
@@ -123,18 +117,11 @@ func run(ctx context.Context, dir string, t timing) error {
 		// Every component is stopped before the agent returns: none
 		// outlives its machine's agent.
 		defer func() { cancel(); <-a.cp.done }()
-	} else if bootstraptoken.Is(b.Token) {
-		if a.cs, err = tlsBootstrap(ctx, dir, b); err != nil {
-			if ctx.Err() != nil {
-				return nil // stopped before it could join
-			}
-			return err
+	} else if a.cs, err = tlsBootstrap(ctx, dir, b); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it could join
 		}
-	} else {
-		a.token = newBearerToken(b.Token)
-		if a.cs, err = newClient(b, a.token); err != nil {
-			return err
-		}
+		return err
 	}
 	return a.run(ctx)
 }
@@ -169,12 +156,18 @@ func lockDir(dir string, t timing, what string) (string, *os.File, error) {
 }
 
 // checkBootstrap: a control-plane machine has no server or token, it runs
-// its own API server and makes its own credential.
+// its own API server and makes its own credential; a worker joins with a
+// bootstrap token, whatever runs its control plane (a sandbox of an older
+// marina holding a ServiceAccount token is refused; the provider's Start
+// asks for a fresh bootstrap for it, see CheckCredential).
 func checkBootstrap(b *sandbox.Bootstrap, controlPlane bool) error {
 	var missing []error
 	required := map[string]string{"nodeName": b.NodeName, "providerID": b.ProviderID, "address": b.Address}
 	if !controlPlane {
 		required["server"], required["token"] = b.Server, b.Token
+		if b.Token != "" && !bootstraptoken.Is(b.Token) {
+			missing = append(missing, errors.New("token is not a bootstrap token (<id>.<secret>)"))
+		}
 	}
 	for name, v := range required {
 		if v == "" {
@@ -184,26 +177,12 @@ func checkBootstrap(b *sandbox.Bootstrap, controlPlane bool) error {
 	return errors.Join(missing...)
 }
 
-// newClient builds a client for the workload cluster from the bootstrap
-// alone: its token (renewable) and CA, nothing from the environment.
-func newClient(b *sandbox.Bootstrap, token *bearerToken) (kubernetes.Interface, error) {
-	cfg := nodeRESTConfig(b)
-	cfg.WrapTransport = token.wrap
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("building a client for %s: %w", b.Server, err)
-	}
-	return cs, nil
-}
-
 // agent is one running node agent.
 type agent struct {
 	cs kubernetes.Interface
-	// token is the worker's renewable credential; nil on a control-plane
-	// machine, whose cp runs its components.
-	token *bearerToken
-	cp    *controlPlane
-	boot  *sandbox.Bootstrap
+	// cp runs a control-plane machine's components; nil on a worker.
+	cp   *controlPlane
+	boot *sandbox.Bootstrap
 	// kubelet is the kubelet version reported: boot's, or the desired
 	// versions' once an upgrade set it.
 	kubelet kubelet
@@ -247,9 +226,6 @@ func (a *agent) run(ctx context.Context) error {
 	wg.Go(func() { a.keepStatus(ctx) })
 	wg.Go(func() { a.runPods(ctx) })
 	wg.Go(func() { a.watchDesiredVersions(ctx) })
-	if a.token != nil {
-		wg.Go(func() { a.keepToken(ctx) })
-	}
 	if a.cp != nil {
 		wg.Go(func() { a.keepVersions(ctx, node) })
 	}

@@ -127,11 +127,10 @@ func (a *agent) labels() map[string]string {
 		"kubernetes.io/arch": runtime.GOARCH,
 	}
 	for k, v := range a.boot.Labels {
-		// An agent with a node's credential (a control-plane machine, or a
-		// worker after TLS bootstrap) is held by NodeRestriction, which
-		// refuses some labels a node sets on itself; the machine controller
-		// adds those with admin credentials.
-		if a.token != nil || nodeSettableLabel(k) {
+		// Every agent holds a node's credential and is held by
+		// NodeRestriction, which refuses some labels a node sets on
+		// itself; the machine controller adds those with admin credentials.
+		if nodeSettableLabel(k) {
 			l[k] = v
 		}
 	}

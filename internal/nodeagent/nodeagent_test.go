@@ -9,23 +9,26 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"marina.dev/marina/internal/bootstraptoken"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/internal/testenv"
 )
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.Main(m, &env) }
+// The agents join a stand-in for a cluster someone else runs, by TLS
+// bootstrap, under the Node authorizer and NodeRestriction.
+func TestMain(m *testing.M) { testenv.MainWorkload(m, &env) }
 
 // fast is the agent's timing shortened for tests.
 var fast = timing{
@@ -35,11 +38,8 @@ var fast = timing{
 	statusReport:  2 * time.Second,
 	lockWait:      200 * time.Millisecond,
 	retryMax:      time.Second,
-	// Tokens are renewed in their own test.
-	tokenCheck:         time.Hour,
-	tokenRenewFraction: 0.5,
-	logCheck:           time.Second,
-	logMax:             10 << 20,
+	logCheck:      time.Second,
+	logMax:        10 << 20,
 }
 
 func adminClient(t *testing.T) kubernetes.Interface {
@@ -83,62 +83,6 @@ func bootstrapDir(t *testing.T, node, token string) (string, *sandbox.Bootstrap)
 		t.Fatal(err)
 	}
 	return dir, b
-}
-
-func TestEnsureIdentityIsIdempotentAndRepairs(t *testing.T) {
-	ctx := t.Context()
-	cs := adminClient(t)
-	for range 2 {
-		if err := EnsureIdentity(ctx, cs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cr, err := cs.RbacV1().ClusterRoles().Get(ctx, RoleName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cr.Rules = cr.Rules[:1]
-	if _, err := cs.RbacV1().ClusterRoles().Update(ctx, cr, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := EnsureIdentity(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	cr, err = cs.RbacV1().ClusterRoles().Get(ctx, RoleName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cr.Rules) != len(clusterRules) {
-		t.Errorf("cluster role has %d rules after repair, want %d", len(cr.Rules), len(clusterRules))
-	}
-}
-
-func TestTokenIdentity(t *testing.T) {
-	ctx := t.Context()
-	cs := adminClient(t)
-	token := joinToken(t, cs)
-	_, b := bootstrapDir(t, "whoami", token)
-	agentCS, err := newClient(b, newBearerToken(b.Token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	review, err := agentCS.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := fmt.Sprintf("system:serviceaccount:%s:%s", ServiceAccountNamespace, ServiceAccountName)
-	if got := review.Status.UserInfo.Username; got != want {
-		t.Errorf("the agent's client authenticates as %q, want %q", got, want)
-	}
-
-	b.Token = "not-a-token"
-	bogus, err := newClient(b, newBearerToken(b.Token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bogus.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); !apierrors.IsUnauthorized(err) {
-		t.Errorf("a client with a bogus token listed nodes: err = %v, want Unauthorized", err)
-	}
 }
 
 func TestAgent(t *testing.T) {
@@ -381,52 +325,6 @@ func nodeCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondi
 	return nil
 }
 
-// An agent renews its token past half its life, keeps working with the new
-// one, and records it in the sandbox for its next start.
-func TestAgentRenewsItsToken(t *testing.T) {
-	renewing := fast
-	renewing.tokenCheck = 100 * time.Millisecond
-	renewing.tokenRenewFraction = 0 // any token is old enough
-	node, dir, token := runAgent(t, "renew-", renewing)
-
-	var renewed string
-	eventually(t, 30*time.Second, "a renewed token in the sandbox", func() error {
-		b, err := sandbox.ReadBootstrap(dir)
-		if err != nil {
-			return err
-		}
-		if b.Token == token {
-			return fmt.Errorf("token not renewed yet")
-		}
-		renewed = b.Token
-		return nil
-	})
-	issued, expires, err := tokenLifetime(renewed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if life := expires.Sub(issued); life < 59*time.Minute || life > 61*time.Minute {
-		t.Errorf("renewed token lives %s, want the original hour", life)
-	}
-	agentCS, err := newClient(&sandbox.Bootstrap{Server: env.Config.Host, CAPEM: string(env.Config.CAData)}, newBearerToken(renewed))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := agentCS.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{}); err != nil {
-		t.Errorf("the renewed token does not work: %v", err)
-	}
-}
-
-func TestRenewAtHalfLife(t *testing.T) {
-	issued := time.Unix(1000, 0)
-	if got, want := renewAt(issued, issued.Add(30*24*time.Hour), 0.5), issued.Add(15*24*time.Hour); !got.Equal(want) {
-		t.Errorf("renewAt = %v, want %v", got, want)
-	}
-	if _, _, err := tokenLifetime("not-a-jwt"); err == nil {
-		t.Error("a non-JWT token has a lifetime")
-	}
-}
-
 // Between reports the agent writes the Node's status only when it differs
 // from its own: a Ready condition the node lifecycle controller set to
 // Unknown (an outage) is put back at the next look, while an unchanged
@@ -500,14 +398,14 @@ func runAgent(t *testing.T, prefix string, timing timing) (node, dir, token stri
 	return node, dir, token
 }
 
-// joinToken sets up the agents' identity on the API server and issues a
-// token of it, valid for an hour.
+// joinToken allows TLS bootstrap on the API server, as the machine
+// controller does, and makes a bootstrap token of a new machine.
 func joinToken(t *testing.T, cs kubernetes.Interface) string {
 	t.Helper()
-	if err := EnsureIdentity(t.Context(), cs); err != nil {
+	if err := bootstraptoken.EnsureRBAC(t.Context(), cs); err != nil {
 		t.Fatal(err)
 	}
-	token, err := IssueToken(t.Context(), cs, time.Hour)
+	token, err := bootstraptoken.Ensure(t.Context(), cs, uuid.NewUUID(), bootstraptoken.DefaultTTL, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

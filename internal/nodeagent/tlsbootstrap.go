@@ -160,40 +160,31 @@ const credentialMargin = time.Hour
 
 // CheckCredential says whether the worker of sandbox dir can start with the
 // credential it holds (a restart after a reboot or a killed agent): nil
-// when it can, else why not, in words that hold no secret. A worker of a
-// cluster marina runs joins with its node certificate, which must exist
-// and live another hour (the bootstrap token it was made with expires
-// within minutes); a worker of a cluster someone else runs joins with its
-// ServiceAccount token, which must live another hour. A control-plane
-// machine makes its own credentials and always can.
+// when it can, else why not, in words that hold no secret. A worker joins
+// with its node certificate, which must exist and live another hour (the
+// bootstrap token it was made with expires within minutes). A
+// control-plane machine makes its own credentials and always can.
 func CheckCredential(dir string, b *sandbox.Bootstrap, now time.Time) error {
 	if _, err := os.Stat(filepath.Join(dir, sandbox.ControlPlaneFile)); err == nil {
 		return nil
 	}
-	if bootstraptoken.Is(b.Token) {
-		certPEM, err := os.ReadFile(filepath.Join(dir, sandbox.NodeCertFile))
-		if err != nil {
-			return errors.New("the worker has no node certificate yet")
-		}
-		block, _ := pem.Decode(certPEM)
-		if block == nil {
-			return errors.New("the worker's node certificate is not PEM")
-		}
-		leaf, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return fmt.Errorf("the worker's node certificate does not parse: %w", err)
-		}
-		if leaf.NotAfter.Before(now.Add(credentialMargin)) {
-			return fmt.Errorf("the worker's node certificate expires at %s", leaf.NotAfter.UTC().Format(time.RFC3339))
-		}
-		return nil
+	if !bootstraptoken.Is(b.Token) {
+		return errors.New("the worker was not made with a bootstrap token")
 	}
-	_, expires, err := tokenLifetime(b.Token)
+	certPEM, err := os.ReadFile(filepath.Join(dir, sandbox.NodeCertFile))
 	if err != nil {
-		return fmt.Errorf("the worker's token: %w", err)
+		return errors.New("the worker has no node certificate yet")
 	}
-	if expires.Before(now.Add(credentialMargin)) {
-		return fmt.Errorf("the worker's token expires at %s", expires.UTC().Format(time.RFC3339))
+	block, _ := pem.Decode(certPEM)
+	if block == nil {
+		return errors.New("the worker's node certificate is not PEM")
+	}
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return fmt.Errorf("the worker's node certificate does not parse: %w", err)
+	}
+	if leaf.NotAfter.Before(now.Add(credentialMargin)) {
+		return fmt.Errorf("the worker's node certificate expires at %s", leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
 }

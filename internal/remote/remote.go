@@ -9,7 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -18,6 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
 )
 
 // KubeconfigSecretKey is the key of the kubeconfig in a cluster's Secret.
@@ -29,8 +34,25 @@ const NodeProviderIDIndex = "spec.providerID"
 // KubeconfigSecretName is the name of a cluster's admin kubeconfig Secret.
 func KubeconfigSecretName(cluster string) string { return cluster + "-kubeconfig" }
 
+// CachedSecrets selects the Secrets marina's caches hold: those labelled
+// clusterv1.ClusterNameLabel, which every Secret marina makes for a cluster
+// carries and a user's kubeconfig Secret for a cluster someone else runs
+// must carry (issue 24, finding 6: no tenant's Secret in marina's memory).
+func CachedSecrets() (labels.Selector, error) {
+	labelled, err := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
+	if err != nil {
+		return nil, fmt.Errorf("selecting the Secrets marina caches: %w", err)
+	}
+	return labels.NewSelector().Add(*labelled), nil
+}
+
 // ErrKubeconfigMissing says the cluster's kubeconfig Secret does not exist yet.
 var ErrKubeconfigMissing = errors.New("the cluster's kubeconfig Secret does not exist yet")
+
+// ErrKubeconfigUnlabelled says the cluster's kubeconfig Secret exists but
+// lacks the label clusterv1.ClusterNameLabel, without which marina's cache
+// does not hold it. Errors that wrap it wrap ErrKubeconfigMissing too.
+var ErrKubeconfigUnlabelled = errors.New("the cluster's kubeconfig Secret lacks marina's label")
 
 // Cluster is access to one workload cluster.
 type Cluster struct {
@@ -68,6 +90,10 @@ type Options struct {
 	// (/readyz) before it is handed out again; a cluster that does not
 	// answer is dropped, so its stale Node cache is never trusted.
 	HealthInterval time.Duration
+	// Live reads a kubeconfig Secret the cache does not hold, uncached,
+	// only to tell a missing Secret from one without the label marina
+	// caches Secrets by (clusterv1.ClusterNameLabel). Nil: not told apart.
+	Live client.Reader
 }
 
 // Cache holds one Cluster per workload cluster.
@@ -115,7 +141,7 @@ func (c *Cache) Get(ctx context.Context, cluster types.NamespacedName) (*Cluster
 	if err := c.mgmt.Get(ctx, key, secret); err != nil {
 		if apierrors.IsNotFound(err) {
 			c.Forget(cluster) // its informers would watch a cluster nobody may reach
-			return nil, fmt.Errorf("cluster %s: %w", cluster, ErrKubeconfigMissing)
+			return nil, c.missing(ctx, cluster, key)
 		}
 		return nil, fmt.Errorf("reading kubeconfig Secret %s: %w", key, err)
 	}
@@ -153,6 +179,37 @@ func (c *Cache) Get(ctx context.Context, cluster types.NamespacedName) (*Cluster
 	c.evictLocked()
 	c.clusters[cluster] = cl
 	return cl, nil
+}
+
+// missing explains a kubeconfig Secret the manager's cache does not hold:
+// it does not exist, or it lacks the label marina caches Secrets by (a
+// Secret a user made for a cluster someone else runs). Both wrap
+// ErrKubeconfigMissing: adding the Secret or its label is an event of the
+// cached Secrets, which brings the machines back.
+func (c *Cache) missing(ctx context.Context, cluster, key types.NamespacedName) error {
+	if c.opts.Live != nil {
+		meta := &metav1.PartialObjectMetadata{}
+		meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+		if err := c.opts.Live.Get(ctx, key, meta); err == nil {
+			if _, ok := meta.Labels[clusterv1.ClusterNameLabel]; !ok {
+				return &unlabelledError{cluster: cluster, secret: key}
+			}
+		}
+	}
+	return fmt.Errorf("cluster %s: %w", cluster, ErrKubeconfigMissing)
+}
+
+// unlabelledError is ErrKubeconfigUnlabelled (and ErrKubeconfigMissing)
+// for one cluster, saying what to do.
+type unlabelledError struct{ cluster, secret types.NamespacedName }
+
+func (e *unlabelledError) Error() string {
+	return fmt.Sprintf("cluster %s: %v: marina reads only Secrets labelled %s; label Secret %s with %s=%s",
+		e.cluster, ErrKubeconfigUnlabelled, clusterv1.ClusterNameLabel, e.secret, clusterv1.ClusterNameLabel, e.cluster.Name)
+}
+
+func (e *unlabelledError) Is(target error) bool {
+	return target == ErrKubeconfigUnlabelled || target == ErrKubeconfigMissing
 }
 
 // checkHealth probes the cluster's API server at most once per

@@ -50,6 +50,8 @@ type Env struct {
 	env *envtest.Environment
 	// stopWebhook stops the in-process admission webhook, if one runs.
 	stopWebhook func()
+	// stopControllers stops a workload's kube-controller-manager.
+	stopControllers func()
 }
 
 // RepoRoot walks up from the working directory (a package directory under
@@ -86,7 +88,10 @@ func BinDir() (string, error) {
 func Start() (*Env, error) { return start(true) }
 
 // StartWorkload starts an API server without marina's CRDs: a stand-in for a
-// workload cluster's control plane.
+// workload cluster's control plane that someone else runs, with what such
+// a cluster has for its nodes (workload.go): bootstrap tokens, the Node
+// authorizer and NodeRestriction, and kube-controller-manager approving and
+// signing node client certificates.
 func StartWorkload() (*Env, error) { return start(false) }
 
 // StartWithWebhook starts a management plane (Start) whose API server calls
@@ -176,6 +181,12 @@ func startEnv(withCRDs, withWebhook bool) (*Env, error) {
 		// certificate of its own making.
 		e.WebhookInstallOptions.Paths = []string{filepath.Join(root, "config", "webhook", "manifests.yaml")}
 	}
+	var ca *clientCA
+	if !withCRDs {
+		if ca, err = configureWorkload(e); err != nil {
+			return nil, err
+		}
+	}
 	cfg, err := e.Start()
 	if err != nil {
 		// Start can fail after the processes run (a CRD the server refuses):
@@ -188,13 +199,23 @@ func startEnv(withCRDs, withWebhook bool) (*Env, error) {
 		_ = e.Stop()
 		return nil, fmt.Errorf("building a client for the test API server: %w", err)
 	}
-	return &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, Kubeconfig: e.KubeConfig, env: e}, nil
+	env := &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, Kubeconfig: e.KubeConfig, env: e}
+	if ca != nil {
+		if env.stopControllers, err = startCertificateControllers(e.KubeConfig, ca); err != nil {
+			_ = e.Stop()
+			return nil, err
+		}
+	}
+	return env, nil
 }
 
 // Stop stops the webhook (if any), the API server and etcd, and removes
 // their directories.
 func (e *Env) Stop() error {
 	e.StopWebhook()
+	if e.stopControllers != nil {
+		e.stopControllers()
+	}
 	return e.env.Stop()
 }
 

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
-	"marina.dev/marina/internal/nodeagent"
+	"marina.dev/marina/internal/bootstraptoken"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/provider"
@@ -68,7 +68,9 @@ var (
 
 func apiServer(t *testing.T) *testenv.Env {
 	t.Helper()
-	apiOnce.Do(func() { apiEnv, apiErr = testenv.Start() })
+	// A stand-in for a cluster someone else runs: agents join it by TLS
+	// bootstrap.
+	apiOnce.Do(func() { apiEnv, apiErr = testenv.StartWorkload() })
 	if apiErr != nil {
 		t.Fatal(apiErr)
 	}
@@ -112,7 +114,7 @@ func request(name string) *provider.Request {
 			Taints:      []corev1.Taint{{Key: "example.marina.dev/dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule}},
 		},
 		ProviderSpec:    []byte(`{"apiVersion":"local.marina.dev/v1alpha1","kind":"LocalMachine","spec":{"cpu":2,"memory":"4Gi","pods":110,"gpus":1}}`),
-		Bootstrap:       provider.Bootstrap{Server: "https://127.0.0.1:1", Token: "test-token"},
+		Bootstrap:       provider.Bootstrap{Server: "https://127.0.0.1:1", Token: "abcdef.0123456789abcdef"},
 		NodeAnnotations: map[string]string{"cluster.marina.dev/machine": name},
 	}
 }
@@ -130,7 +132,7 @@ func agentsOf(dir string) int {
 }
 
 // joinToken starts the package's API server and returns it, a client of
-// it, and a token with which agents join it.
+// it, and a bootstrap token with which agents join it.
 func joinToken(t *testing.T) (*testenv.Env, kubernetes.Interface, string) {
 	t.Helper()
 	env := apiServer(t)
@@ -138,10 +140,10 @@ func joinToken(t *testing.T) (*testenv.Env, kubernetes.Interface, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nodeagent.EnsureIdentity(t.Context(), cs); err != nil {
+	if err := bootstraptoken.EnsureRBAC(t.Context(), cs); err != nil {
 		t.Fatal(err)
 	}
-	token, err := nodeagent.IssueToken(t.Context(), cs, time.Hour)
+	token, err := bootstraptoken.Ensure(t.Context(), cs, uuid.NewUUID(), bootstraptoken.DefaultTTL, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +284,7 @@ func TestCreateIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpus := b.Capacity[GPUResource]
-	if b.NodeName != "worker-0" || b.ProviderID != first.ProviderID || b.Token != "test-token" ||
+	if b.NodeName != "worker-0" || b.ProviderID != first.ProviderID || b.Token != "abcdef.0123456789abcdef" ||
 		b.KubeletVersion != "v1.37.2" || b.Labels["example.marina.dev/pool"] != "default" ||
 		len(b.Taints) != 1 || gpus.Value() != 1 || b.Address != first.Addresses[0].Address ||
 		b.Annotations["cluster.marina.dev/machine"] != "worker-0" {

@@ -70,7 +70,7 @@ func TestStartResumesAStoppedMachine(t *testing.T) {
 		t.Fatalf("%d agents after a refused start, want 0", n)
 	}
 
-	inst, err := p.Start(ctx, req.UID, &provider.Bootstrap{Server: "https://127.0.0.1:1", Token: "fresh-token"})
+	inst, err := p.Start(ctx, req.UID, &provider.Bootstrap{Server: "https://127.0.0.1:1", Token: "fresht.0123456789abcdef"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestStartResumesAStoppedMachine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Token != "fresh-token" || b.NodeName != req.Name {
+	if b.Token != "fresht.0123456789abcdef" || b.NodeName != req.Name {
 		t.Errorf("bootstrap after Start: token %q, node %q; want the fresh token and the same node", b.Token, b.NodeName)
 	}
 
@@ -122,7 +122,7 @@ func TestStartResumesAKilledPool(t *testing.T) {
 		}
 		return nil
 	})
-	boot := &provider.Bootstrap{Server: "https://127.0.0.1:1", Token: "fresh-token"}
+	boot := &provider.Bootstrap{Server: "https://127.0.0.1:1", Token: "fresht.0123456789abcdef"}
 	for _, req := range reqs {
 		if inst, err := p.Start(ctx, req.UID, boot); err != nil || inst.State != provider.InstanceRunning {
 			t.Fatalf("Start %s = %v, %v", req.Name, inst, err)

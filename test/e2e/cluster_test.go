@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
@@ -118,6 +120,29 @@ func TestUpMakesTheMinimalClusterReal(t *testing.T) {
 		patch := []byte(`{"metadata":{"labels":{"example.marina.dev/hijacked":"true"}}}`)
 		if _, err := asNode.CoreV1().Nodes().Patch(ctx, other, types.MergePatchType, patch, metav1.PatchOptions{}); !apierrors.IsForbidden(err) {
 			t.Errorf("worker-0's credential patched Node %s (err %v), want Forbidden", other, err)
+		}
+		// Issue 24: nor delete a kube-system pod (one bound to another
+		// node), nor mint a token.
+		pod, err := workload.CoreV1().Pods("kube-system").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "victim-"},
+			Spec:       corev1.PodSpec{NodeName: other, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := asNode.CoreV1().Pods("kube-system").Delete(ctx, pod.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("worker-0's credential deleted kube-system pod %s (err %v), want Forbidden", pod.Name, err)
+		}
+		if got, err := workload.CoreV1().Pods("kube-system").Get(ctx, pod.Name, metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil {
+			t.Errorf("kube-system pod %s is being deleted (%v)", pod.Name, err)
+		}
+		sa, err := workload.CoreV1().ServiceAccounts("kube-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{GenerateName: "victim-"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
+		if _, err := asNode.CoreV1().ServiceAccounts("kube-system").CreateToken(ctx, sa.Name, req, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("worker-0's credential minted a token of kube-system/%s (err %v), want Forbidden", sa.Name, err)
 		}
 	})
 

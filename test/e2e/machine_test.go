@@ -61,8 +61,9 @@ func TestUpRunsAndDeletesALocalMachine(t *testing.T) {
 			},
 		},
 		&corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName("c1"), Namespace: ns},
-			Data:       map[string][]byte{remote.KubeconfigSecretKey: workload.Kubeconfig},
+			ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName("c1"), Namespace: ns,
+				Labels: map[string]string{clusterv1.ClusterNameLabel: "c1"}},
+			Data: map[string][]byte{remote.KubeconfigSecretKey: workload.Kubeconfig},
 		},
 		&clusterv1.Machine{
 			ObjectMeta: metav1.ObjectMeta{Name: "worker-0", Namespace: ns},

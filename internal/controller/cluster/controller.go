@@ -43,7 +43,9 @@ type Options struct {
 
 // Reconciler reconciles Clusters.
 type Reconciler struct {
-	client   client.Client
+	client client.Client
+	// live reads Secrets a user names, uncached.
+	live     client.Reader
 	recorder recorder.EventRecorder
 	opts     Options
 	cp       *controlplane.ControlPlane
@@ -65,7 +67,13 @@ const (
 // +kubebuilder:rbac:groups=cluster.marina.dev,resources=clusters/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=cluster.marina.dev,resources=machines;machinesets;machinedeployments,verbs=get;list;watch;create;update;patch;delete;deletecollection
 // +kubebuilder:rbac:groups=cluster.marina.dev,resources=machineclasses,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
+//
+// Secrets: marina creates and renews its own (CAs, keys, kubeconfigs) and
+// never patches or deletes one (a deleted Cluster's go with it, by owner
+// reference). list and watch must be cluster-wide, since clusters live in
+// any namespace, and RBAC cannot select by label: the manager's cache is
+// what limits them to the Secrets marina labels (manager.CacheOptions).
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
 
 // SetupWithManager builds the controller and its watches. It returns the
 // control plane, whose Bootstrap the machine controller needs.
@@ -88,7 +96,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Reconciler, error) {
 // New returns a Reconciler (SetupWithManager registers it).
 func New(c client.Client, live client.Reader, rec recorder.EventRecorder, opts Options) *Reconciler {
 	return &Reconciler{
-		client: c, recorder: rec, opts: opts, now: time.Now,
+		client: c, live: live, recorder: rec, opts: opts, now: time.Now,
 		cp: &controlplane.ControlPlane{Client: c, Live: live, Etcd: opts.Etcd, Recorder: rec, Started: time.Now()},
 	}
 }
@@ -208,7 +216,7 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, cluster *clusterv1.Clu
 // certificates loads or makes the cluster's key material (M15). A user CA
 // that cannot be used stops everything, with a condition naming the problem.
 func (r *Reconciler) certificates(ctx context.Context, cluster *clusterv1.Cluster) (*clusterpki.Set, bool, error) {
-	set, err := clusterpki.Ensure(ctx, r.client, cluster, r.now())
+	set, err := clusterpki.Ensure(ctx, r.client, r.live, cluster, r.now())
 	var invalid *clusterpki.InvalidCAError
 	var lost *clusterpki.LostError
 	switch {

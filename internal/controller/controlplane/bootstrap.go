@@ -39,7 +39,7 @@ func (cp *ControlPlane) Bootstrap(ctx context.Context, m *clusterv1.Machine) ([]
 	// The cluster controller made the key material before any machine:
 	// load it, and never make a CA here that the cluster's other machines
 	// would not trust.
-	set, err := clusterpki.Load(ctx, cp.Client, cluster, time.Now())
+	set, err := clusterpki.Load(ctx, cp.Client, cp.Live, cluster, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ func (cp *ControlPlane) Bootstrap(ctx context.Context, m *clusterv1.Machine) ([]
 		}
 		cfg.Etcd.Stacked = &bootstrap.ConfigStackedEtcd{Join: join}
 	} else {
-		a, err := externalAccess(ctx, cp.Client, cluster)
+		a, err := externalAccess(ctx, cp.Live, cluster)
 		if err != nil {
 			return nil, err
 		}

@@ -197,7 +197,7 @@ type etcdAccess struct {
 // the etcd CA; or the external endpoints with the user's certificate.
 func (cp *ControlPlane) access(ctx context.Context, cluster *clusterv1.Cluster, set *clusterpki.Set, machines []clusterv1.Machine) (*etcdAccess, error) {
 	if !stacked(cluster) {
-		return externalAccess(ctx, cp.Client, cluster)
+		return externalAccess(ctx, cp.Live, cluster)
 	}
 	a := &etcdAccess{endpoints: clientURLs(machines, "")}
 	if len(a.endpoints) == 0 {
@@ -231,7 +231,8 @@ func clientURLs(machines []clusterv1.Machine, skip string) []string {
 	return urls
 }
 
-// externalAccess reads spec.controlPlane.etcd.external and its Secret.
+// externalAccess reads spec.controlPlane.etcd.external and its Secret, the
+// user's, uncached through c (marina's cache holds only Secrets it labels).
 func externalAccess(ctx context.Context, c client.Reader, cluster *clusterv1.Cluster) (*etcdAccess, error) {
 	x := cluster.Spec.ControlPlane.Etcd.External
 	if x == nil {

@@ -16,17 +16,13 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstraptoken"
-	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
 )
 
-// agentTokenTTL is how long a new machine's agent credential lives.
-const agentTokenTTL = 30 * 24 * time.Hour
-
-// identityCache remembers the workload clusters where something (the
-// node-agent identity, the TLS bootstrap RBAC) is in place, so that it is
-// ensured once per cluster and process rather than once per machine.
+// identityCache remembers the workload clusters where the TLS bootstrap
+// RBAC is in place, so that it is ensured once per cluster and process
+// rather than once per machine.
 type identityCache struct {
 	mu    sync.Mutex
 	hosts map[string]*hostEnsure // keyed by API server URL
@@ -66,12 +62,7 @@ func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine, t s
 	if cl == nil {
 		return nil, res, err
 	}
-	var boot provider.Bootstrap
-	if r.madeByMarina(ctx, m) {
-		boot, err = r.bootstrapToken(ctx, m, cl)
-	} else {
-		boot, err = r.bootstrap(ctx, cl)
-	}
+	boot, err := r.bootstrapToken(ctx, m, cl)
 	if errors.Is(err, errEnsuring) {
 		return nil, ctrl.Result{RequeueAfter: time.Second}, nil
 	}
@@ -81,20 +72,13 @@ func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine, t s
 	return &boot, ctrl.Result{}, nil
 }
 
-// madeByMarina: the machine's cluster is one whose control plane marina
-// runs (workers join it with bootstrap tokens), not one someone else runs
-// (workers get a ServiceAccount token of it).
-func (r *Reconciler) madeByMarina(ctx context.Context, m *clusterv1.Machine) bool {
-	cluster := &clusterv1.Cluster{}
-	if err := r.client.Get(ctx, clusterKey(m), cluster); err != nil {
-		return false
-	}
-	return cluster.Annotations[clusterv1.ExternalControlPlaneAnnotation] != "true"
-}
-
 // bootstrapToken hands a worker a short-lived bootstrap token of its
 // cluster, for TLS bootstrap: the agent trades it for its own node
-// certificate, and never holds more than a node may do.
+// certificate, and never holds more than a node may do. It is the same for
+// every cluster, whoever runs its control plane: marina's runs
+// kube-controller-manager with the approver and signer, and so does any
+// conformant cluster someone else runs; marina only adds kubeadm's
+// bindings that let bootstrap tokens ask for node certificates.
 func (r *Reconciler) bootstrapToken(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster) (provider.Bootstrap, error) {
 	if err := r.bootstrapRBAC.ensure(ctx, cl, bootstraptoken.EnsureRBAC); err != nil {
 		return provider.Bootstrap{}, fmt.Errorf("allowing TLS bootstrap in the workload cluster: %w", err)
@@ -119,24 +103,6 @@ func controlPlaneVersions(node *corev1.Node) *clusterv1.ComponentVersions {
 		return nil
 	}
 	return &v
-}
-
-// bootstrap produces what a new machine needs to join its cluster: the
-// cluster's endpoint and CA, and a token for the node-agent identity in the
-// workload cluster. It never hands out the management plane's credentials,
-// nor the cluster's admin credentials.
-func (r *Reconciler) bootstrap(ctx context.Context, cl *remote.Cluster) (provider.Bootstrap, error) {
-	if err := r.identity.ensure(ctx, cl, nodeagent.EnsureIdentity); err != nil {
-		return provider.Bootstrap{}, err
-	}
-	token, err := nodeagent.IssueToken(ctx, cl.Clientset, agentTokenTTL)
-	if err != nil {
-		// The identity may have been removed from the cluster: ensure it
-		// again next time rather than trusting the cache.
-		r.identity.forget(cl)
-		return provider.Bootstrap{}, fmt.Errorf("issuing the node agent's token: %w", err)
-	}
-	return provider.Bootstrap{Server: cl.Config.Host, CAData: cl.Config.CAData, Token: token}, nil
 }
 
 func (c *identityCache) ensure(ctx context.Context, cl *remote.Cluster, ensure func(context.Context, kubernetes.Interface) error) error {

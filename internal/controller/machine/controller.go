@@ -44,8 +44,8 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// ControlPlaneBootstrap returns the control-plane document
 	// (provider.Bootstrap.ControlPlane) of a machine with the ControlPlane
-	// role. Nil: such machines are bootstrapped as workers, with a token of
-	// a cluster someone else made.
+	// role. Nil: such machines are bootstrapped as workers, with a
+	// bootstrap token of a cluster someone else made.
 	ControlPlaneBootstrap func(ctx context.Context, m *clusterv1.Machine) ([]byte, error)
 	// UnreachablePodGrace: while draining a Node that is not Ready, a pod
 	// whose deletion is older than this is left behind; 0 means
@@ -54,6 +54,10 @@ type Options struct {
 	// crashAt, in tests only, aborts a reconcile at a named step, as if the
 	// process had been killed there.
 	crashAt func(step string) bool
+	// clusterHealthInterval, in tests only, replaces how often a cached
+	// workload cluster is probed (remote.Options.HealthInterval), so that
+	// a test can hold a cluster that answered its last probe.
+	clusterHealthInterval time.Duration
 }
 
 // Reconciler reconciles Machines.
@@ -68,8 +72,7 @@ type Reconciler struct {
 	// a provider saw stop or start, to the queue.
 	nodeEvents chan event.TypedGenericEvent[*clusterv1.Machine]
 	// done ends blocked sends to nodeEvents when the manager stops.
-	done     <-chan struct{}
-	identity identityCache
+	done <-chan struct{}
 	// bootstrapRBAC: the clusters where TLS bootstrap is allowed.
 	bootstrapRBAC identityCache
 }
@@ -105,8 +108,10 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 		done:       ctx.Done(),
 	}
 	r.clusters = remote.NewCache(mgr.GetClient(), mgr.GetScheme(), remote.Options{
-		SyncTimeout: 10 * time.Second,
-		OnNodeEvent: r.nodeChanged,
+		SyncTimeout:    10 * time.Second,
+		HealthInterval: opts.clusterHealthInterval,
+		Live:           mgr.GetAPIReader(),
+		OnNodeEvent:    r.nodeChanged,
 	})
 	if err := indexMachines(ctx, mgr); err != nil {
 		return nil, err

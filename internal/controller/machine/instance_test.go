@@ -2,7 +2,6 @@ package machine
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -19,7 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/internal/pki"
 )
 
 // Issue 25: a machine whose agent was killed (a reboot of one machine, an
@@ -194,8 +195,9 @@ func watchForReason(t *testing.T, m *clusterv1.Machine, condType, reason string)
 
 // Issue 25: a worker stopped past the life of its credential is not
 // started with it (its agent could never join): the provider says so, and
-// the controller hands it a fresh one. Here the worker's token is replaced,
-// while it is stopped on purpose, by one that expired.
+// the controller hands it a fresh one. Here the worker's node certificate
+// is replaced, while it is stopped on purpose, by one that expired: the
+// worker gets a new bootstrap token and asks for a new certificate.
 func TestStoppedWorkerWithAnExpiredCredentialGetsAFreshOne(t *testing.T) {
 	f := newFixture(t)
 	f.startController(Options{})
@@ -218,14 +220,15 @@ func TestStoppedWorkerWithAnExpiredCredentialGetsAFreshOne(t *testing.T) {
 		return conditionReason(cur, clusterv1.MachineInstanceRunningCondition) == clusterv1.MachineStoppedReason, nil
 	})
 	dir := filepath.Join(f.sandboxes, string(got.UID))
-	b, err := sandbox.ReadBootstrap(dir)
+	ca, err := pki.NewCA("expired")
 	if err != nil {
 		t.Fatal(err)
 	}
-	claims := fmt.Sprintf(`{"iat":%d,"exp":%d}`, time.Now().Add(-48*time.Hour).Unix(), time.Now().Add(-time.Hour).Unix())
-	expired := "e30." + base64.RawURLEncoding.EncodeToString([]byte(claims)) + ".sig"
-	b.Token = expired
-	if err := sandbox.WriteBootstrap(dir, b); err != nil {
+	old, err := ca.IssueFor(pki.CertSpec{CommonName: "system:node:" + got.Status.NodeRef.Name, Usage: pki.ClientAuth}, time.Now().Add(-48*time.Hour), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Write(dir, "node"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -248,8 +251,11 @@ func TestStoppedWorkerWithAnExpiredCredentialGetsAFreshOne(t *testing.T) {
 			return false, fmt.Errorf("InstanceRunning %v", meta.FindStatusCondition(cur.Status.Conditions, clusterv1.MachineInstanceRunningCondition))
 		}
 		b, err := sandbox.ReadBootstrap(dir)
-		if err != nil || b.Token == expired {
-			return false, fmt.Errorf("the sandbox still holds the expired token (%v)", err)
+		if err != nil {
+			return false, err
+		}
+		if err := nodeagent.CheckCredential(dir, b, time.Now()); err != nil {
+			return false, fmt.Errorf("the sandbox holds no fresh credential: %w", err)
 		}
 		lease := &coordinationv1.Lease{}
 		if err := workload.Client.Get(context.Background(), client.ObjectKey{Namespace: corev1.NamespaceNodeLease, Name: got.Status.NodeRef.Name}, lease); err != nil {

@@ -321,7 +321,7 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 		setReady(m)
 		return ctrl.Result{}, nil // the Node watch brings the machine back
 	}
-	if m.Status.NodeRef == nil && !hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) && r.madeByMarina(ctx, m) {
+	if m.Status.NodeRef == nil && !hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) {
 		// The worker has joined: its bootstrap token has served. Were this
 		// lost to a crash, the token expires on its own.
 		if err := bootstraptoken.Delete(ctx, cl.Clientset, m.UID); err != nil {
@@ -368,6 +368,11 @@ func (r *Reconciler) cluster(ctx context.Context, m *clusterv1.Machine, t string
 	switch {
 	case err == nil:
 		return cl, ctrl.Result{}, nil
+	case errors.Is(err, remote.ErrKubeconfigUnlabelled):
+		setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
+			fmt.Sprintf("waiting for cluster %s: %v", m.Spec.ClusterName, err))
+		setReady(m)
+		return nil, ctrl.Result{}, nil // labelling the Secret brings the machine back
 	case errors.Is(err, remote.ErrKubeconfigMissing):
 		setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
 			fmt.Sprintf("waiting for cluster %s: its kubeconfig Secret %s does not exist yet", m.Spec.ClusterName, remote.KubeconfigSecretName(m.Spec.ClusterName)))

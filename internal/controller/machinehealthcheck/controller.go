@@ -86,6 +86,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 		SyncTimeout:    10 * time.Second,
 		HealthInterval: 10 * time.Second,
 		OnNodeEvent:    r.nodeChanged,
+		Live:           mgr.GetAPIReader(),
 	})
 	if err := mgr.Add(stopOnExit{r.clusters}); err != nil {
 		return nil, err

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -163,8 +164,11 @@ func (s *Suite) NewFixture(t *testing.T) *Fixture {
 		t.Fatalf("creating cluster: %v", err)
 	}
 	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName(f.Cluster), Namespace: f.NS},
-		Data:       map[string][]byte{remote.KubeconfigSecretKey: s.Workload.Kubeconfig},
+		// The label marina caches Secrets by, which a user's kubeconfig
+		// Secret must carry.
+		ObjectMeta: metav1.ObjectMeta{Name: remote.KubeconfigSecretName(f.Cluster), Namespace: f.NS,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: f.Cluster}},
+		Data: map[string][]byte{remote.KubeconfigSecretKey: s.Workload.Kubeconfig},
 	}
 	if err := s.Mgmt.Client.Create(ctx, secret); err != nil {
 		t.Fatalf("creating kubeconfig secret: %v", err)
@@ -177,12 +181,18 @@ func (s *Suite) NewFixture(t *testing.T) *Fixture {
 func StartManager(t *testing.T, cfg *rest.Config, ns string, setup func(ctx context.Context, mgr ctrl.Manager) error) (stop func()) {
 	t.Helper()
 	skip := true
+	secrets, err := remote.CachedSecrets()
+	if err != nil {
+		t.Fatal(err)
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme.New(),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// Each test's controllers see their own namespace only: objects
-		// other tests left behind must not queue ahead of this test's.
-		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		// other tests left behind must not queue ahead of this test's;
+		// and, as marina's manager, only the Secrets it labels.
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}},
+			ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: secrets}}},
 		// Several managers live in one test binary; names must not clash.
 		Controller: config.Controller{SkipNameValidation: &skip},
 	})
