@@ -53,7 +53,15 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				return fmt.Errorf("loading kubeconfig: %w", err)
 			}
 			if localDir != "" {
-				local, err := newLocalProvider(localDir, binDir)
+				c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+				if err != nil {
+					return fmt.Errorf("building client: %w", err)
+				}
+				planeID, err := managementPlaneID(cmd.Context(), c)
+				if err != nil {
+					return err
+				}
+				local, err := newLocalProvider(localDir, binDir, planeID)
 				if err != nil {
 					return err
 				}
