@@ -162,7 +162,6 @@ func (p *Provider) EndpointUIDs() ([]types.UID, error) {
 	return uids, nil
 }
 
-
 func (p *Provider) endpointDir(uid types.UID) string {
 	return filepath.Join(p.root, endpointsDir, string(uid))
 }

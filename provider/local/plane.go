@@ -80,4 +80,3 @@ func (p *Provider) ClusterEndpoints(context.Context) ([]types.UID, error) {
 	}
 	return mine, nil
 }
-

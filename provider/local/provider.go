@@ -366,7 +366,6 @@ func (p *Provider) UIDs() ([]types.UID, error) {
 	return uids, nil
 }
 
-
 // DeleteAll deletes every machine and endpoint under the root, for tearing a whole local
 // fleet down (a test suite, a benchmark).
 func (p *Provider) DeleteAll(ctx context.Context) error {
