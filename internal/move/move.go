@@ -2,6 +2,7 @@ package move
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -308,9 +309,14 @@ func (m *mover) copyStatus(ctx context.Context, src, tgt *unstructured.Unstructu
 	if equality.Semantic.DeepEqual(have, st) {
 		return nil
 	}
-	c := tgt.DeepCopy()
-	c.Object["status"] = st
-	if err := m.write(func() error { return m.Target.Status().Update(ctx, c) }); err != nil {
+	// A merge patch, not an update: the target's controller writes the
+	// paused copy's Paused condition meanwhile, and the source's status
+	// (paused too) is what the copy should say.
+	patch, err := json.Marshal(map[string]any{"status": st})
+	if err != nil {
+		return err
+	}
+	if err := m.write(func() error { return m.Target.Status().Patch(ctx, tgt, client.RawPatch(types.MergePatchType, patch)) }); err != nil {
 		return fmt.Errorf("copying the status of %s to the target: %w", Key(src), err)
 	}
 	return nil
