@@ -31,6 +31,12 @@ const (
 // (internal/validation).
 var ReservedLabels = []string{clusterv1.ControlPlaneLabel, clusterv1.MachineTemplateHashLabel, clusterv1.MachineDeploymentNameLabel}
 
+// ReservedAnnotations are set only by marina's controllers and
+// administrators (marina move): the instance key names the provider's
+// machine or endpoint an object acts on, so a tenant who set it to another
+// machine's key could delete or take over that machine.
+var ReservedAnnotations = []string{clusterv1.InstanceKeyAnnotation}
+
 // privileged reports whether the request comes from marina's controllers
 // or an administrator. A request without user information (none reaches
 // the webhook that way) is not.
@@ -83,6 +89,45 @@ func labelsOf(obj client.Object) map[string]map[string]string {
 		out["spec.template.metadata.labels"] = o.Spec.Template.ObjectMeta.Labels
 	case *clusterv1.MachineDeployment:
 		out["spec.template.metadata.labels"] = o.Spec.Template.ObjectMeta.Labels
+	}
+	return out
+}
+
+// reservedAnnotationChanges are the reserved annotations that newObj adds,
+// changes or removes compared with oldObj (nil on create), in its metadata
+// and in a set's machine template.
+func reservedAnnotationChanges(oldObj, newObj client.Object) field.ErrorList {
+	var before map[string]map[string]string
+	if oldObj != nil {
+		before = annotationsOf(oldObj)
+	}
+	var errs field.ErrorList
+	annotations := annotationsOf(newObj)
+	for _, path := range []string{"metadata.annotations", "spec.template.metadata.annotations"} {
+		after, ok := annotations[path]
+		if !ok {
+			continue
+		}
+		for _, k := range ReservedAnnotations {
+			v, has := after[k]
+			old, had := before[path][k]
+			if has == had && v == old {
+				continue
+			}
+			errs = append(errs, field.Forbidden(field.NewPath(path).Key(k), fmt.Sprintf(
+				"only marina's controllers and administrators (group %s) may add, change or remove this annotation: it names the real machine or endpoint the object acts on (marina move sets it)", AdminGroup)))
+		}
+	}
+	return errs
+}
+
+func annotationsOf(obj client.Object) map[string]map[string]string {
+	out := map[string]map[string]string{"metadata.annotations": obj.GetAnnotations()}
+	switch o := obj.(type) {
+	case *clusterv1.MachineSet:
+		out["spec.template.metadata.annotations"] = o.Spec.Template.ObjectMeta.Annotations
+	case *clusterv1.MachineDeployment:
+		out["spec.template.metadata.annotations"] = o.Spec.Template.ObjectMeta.Annotations
 	}
 	return out
 }

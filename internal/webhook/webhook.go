@@ -96,6 +96,7 @@ func (v *validator[T]) ValidateCreate(ctx context.Context, obj T) (admission.War
 	}
 	if !privileged(ctx) {
 		errs = append(errs, reservedLabelChanges(nil, obj)...)
+		errs = append(errs, reservedAnnotationChanges(nil, obj)...)
 	}
 	return warnings, invalid(obj, errs)
 }
@@ -114,7 +115,7 @@ func (v *validator[T]) ValidateUpdate(ctx context.Context, oldObj, newObj T) (ad
 	}
 	var reserved field.ErrorList
 	if !privileged(ctx) {
-		reserved = reservedLabelChanges(oldObj, newObj)
+		reserved = append(reservedLabelChanges(oldObj, newObj), reservedAnnotationChanges(oldObj, newObj)...)
 	}
 	errs, warnings, err := v.check(ctx, newObj)
 	if err != nil {
