@@ -16,6 +16,7 @@ import (
 	ctrlmanager "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"marina.dev/marina/internal/manager"
+	"marina.dev/marina/internal/plane"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
@@ -57,7 +58,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				if err != nil {
 					return fmt.Errorf("building client: %w", err)
 				}
-				planeID, err := managementPlaneID(cmd.Context(), c)
+				planeID, err := plane.ID(cmd.Context(), c)
 				if err != nil {
 					return err
 				}

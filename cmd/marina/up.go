@@ -126,7 +126,7 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile,
 	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
 	}
-	planeID, err := managementPlaneID(ctx, c)
+	planeID, err := plane.ID(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -216,17 +216,4 @@ func newLocalProvider(root, binDir, planeID string) (*local.Provider, error) {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
 	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"}, BinDir: binDir, Plane: planeID})
-}
-
-// managementPlaneID names the management plane c talks to: its
-// kube-system namespace's UID, which is the API server's own, stable over
-// restarts and different on every other management plane. Two planes
-// sharing a local provider root (marina move's source and target on one
-// host) tell their machines apart by it.
-func managementPlaneID(ctx context.Context, c client.Client) (string, error) {
-	ns := &corev1.Namespace{}
-	if err := c.Get(ctx, client.ObjectKey{Name: metav1.NamespaceSystem}, ns); err != nil {
-		return "", fmt.Errorf("reading the management plane's kube-system namespace (its id): %w", err)
-	}
-	return string(ns.UID), nil
 }
