@@ -15,11 +15,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/loadbalancer"
+	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/internal/prober"
 	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/provider/local"
@@ -31,8 +33,10 @@ import (
 // endpoint sees no failed request; no sandbox, agent or balancer is made
 // again; the target's controller takes every machine over (it records
 // itself as their manager), shows the cluster Ready and scales the
-// workers; nothing of marina's is left on the source. Killed halfway (the
-// test-only stop after k writes), the move run again finishes the same.
+// workers; nothing of marina's is left on the source, and neither plane's
+// orphan sweep removes the machines (the source's removes a canary of its
+// own meanwhile). Killed halfway (the test-only stop after k writes), the
+// move run again finishes the same.
 func TestMoveHandsTheClustersToAnotherPlane(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -101,6 +105,21 @@ func testMove(t *testing.T, stopAfter int) {
 		t.Fatalf("marina move: %v\n%s", err, out)
 	}
 	t.Logf("marina move took %s:\n%s", time.Since(start).Round(time.Second), out)
+	// A canary: a sandbox the source manages and no Machine names, which
+	// the source's orphan sweep removes after its grace (2 minutes). Once
+	// it is gone, the sweep has looked at the moved machines too.
+	srcNS := &corev1.Namespace{}
+	if err := sc.Get(ctx, client.ObjectKey{Name: "kube-system"}, srcNS); err != nil {
+		t.Fatal(err)
+	}
+	canary := filepath.Join(root, string(uuid.NewUUID()))
+	if err := os.Mkdir(canary, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(canary, local.ManagerFile), []byte(srcNS.UID), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	canaryAt := time.Now()
 
 	// Nothing of marina's is left on the source.
 	for _, l := range []client.ObjectList{&clusterv1.ClusterList{}, &clusterv1.MachineDeploymentList{}, &clusterv1.MachineSetList{}, &clusterv1.MachineList{}} {
@@ -168,6 +187,21 @@ func testMove(t *testing.T, stopAfter int) {
 		t.Errorf("%d sandboxes and endpoints after the scale, want %d", len(now), len(before)+1)
 	}
 
+	// Neither plane's orphan sweep takes the other's machines.
+	testenv.Eventually(t, 5*time.Minute, "the source's sweep to remove its canary", func() error {
+		if _, err := os.Stat(canary); err == nil {
+			return fmt.Errorf("still there")
+		}
+		return nil
+	})
+	t.Logf("the source's sweep removed its canary %s after it was made", time.Since(canaryAt).Round(time.Second))
+	now := fleet(t, root)
+	for dir, pid := range before {
+		if now[dir] != pid {
+			t.Errorf("%s: pid %d after the sweeps, was %d", dir, now[dir], pid)
+		}
+	}
+
 	res := probe.Stop()
 	stopped = true
 	t.Logf("prober through the endpoint: %d requests (%.0f/s), %d failed", res.Requests, res.Rate(), res.Failures)
@@ -179,8 +213,8 @@ func testMove(t *testing.T, stopAfter int) {
 	}
 }
 
-// fleet maps each sandbox and endpoint directory under root to the PID
-// running it.
+// fleet maps each machine's sandbox and each endpoint directory under
+// root to the PID running it.
 func fleet(t *testing.T, root string) map[string]int {
 	t.Helper()
 	p, err := local.New(local.Options{Root: root, AgentCommand: []string{marinaBin, "node-agent"}})
@@ -193,6 +227,9 @@ func fleet(t *testing.T, root string) map[string]int {
 	}
 	out := map[string]int{}
 	for _, uid := range uids {
+		if _, err := os.Stat(filepath.Join(root, string(uid), sandbox.BootstrapFile)); err != nil {
+			continue // not a machine: the canary
+		}
 		pid, err := p.AgentPID(uid)
 		if err != nil {
 			t.Fatalf("machine %s: %v", uid, err)
