@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,7 +36,7 @@ import (
 // again; the target's controller takes every machine over (it records
 // itself as their manager), shows the cluster Ready and scales the
 // workers; nothing of marina's is left on the source, and neither plane's
-// orphan sweep removes the machines (the source's removes a canary of its
+// orphan sweep removes the machines (the source's removes canaries of its
 // own meanwhile). Killed halfway (the test-only stop after k writes), the
 // move run again finishes the same.
 func TestMoveHandsTheClustersToAnotherPlane(t *testing.T) {
@@ -105,19 +107,24 @@ func testMove(t *testing.T, stopAfter int) {
 		t.Fatalf("marina move: %v\n%s", err, out)
 	}
 	t.Logf("marina move took %s:\n%s", time.Since(start).Round(time.Second), out)
-	// A canary: a sandbox the source manages and no Machine names, which
-	// the source's orphan sweep removes after its grace (2 minutes). Once
-	// it is gone, the sweep has looked at the moved machines too.
+	// Canaries: a sandbox and an endpoint the source manages and no object
+	// names, which the source's orphan sweep removes after its grace (2
+	// minutes). Their names sort last, and a sweep removes in name order,
+	// machines before endpoints: once both are gone, the sweep has judged
+	// the moved machines and endpoint too, unknown to it for longer.
 	srcNS := &corev1.Namespace{}
 	if err := sc.Get(ctx, client.ObjectKey{Name: "kube-system"}, srcNS); err != nil {
 		t.Fatal(err)
 	}
-	canary := filepath.Join(root, string(uuid.NewUUID()))
-	if err := os.Mkdir(canary, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(canary, local.ManagerFile), []byte(srcNS.UID), 0o600); err != nil {
-		t.Fatal(err)
+	name := "ffffffff-ffff-4fff-bfff-" + string(uuid.NewUUID())[24:]
+	canaries := []string{filepath.Join(root, name), filepath.Join(root, ".endpoints", name)}
+	for _, dir := range canaries {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, local.ManagerFile), []byte(srcNS.UID), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	canaryAt := time.Now()
 
@@ -188,13 +195,15 @@ func testMove(t *testing.T, stopAfter int) {
 	}
 
 	// Neither plane's orphan sweep takes the other's machines.
-	testenv.Eventually(t, 5*time.Minute, "the source's sweep to remove its canary", func() error {
-		if _, err := os.Stat(canary); err == nil {
-			return fmt.Errorf("still there")
+	testenv.Eventually(t, 5*time.Minute, "the source's sweep to remove its canaries", func() error {
+		for _, dir := range canaries {
+			if _, err := os.Stat(dir); err == nil {
+				return fmt.Errorf("%s still there", dir)
+			}
 		}
 		return nil
 	})
-	t.Logf("the source's sweep removed its canary %s after it was made", time.Since(canaryAt).Round(time.Second))
+	t.Logf("the source's sweep removed its canaries %s after they were made", time.Since(canaryAt).Round(time.Second))
 	now := fleet(t, root)
 	for dir, pid := range before {
 		if now[dir] != pid {
@@ -242,6 +251,9 @@ func fleet(t *testing.T, root string) map[string]int {
 	}
 	for _, uid := range endpoints {
 		pid, err := readPID(filepath.Join(root, ".endpoints", string(uid), loadbalancer.PIDFile))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no balancer ever ran: the canary
+		}
 		if err != nil {
 			t.Fatalf("endpoint %s: %v", uid, err)
 		}
