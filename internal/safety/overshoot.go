@@ -17,9 +17,6 @@ type Set struct {
 	Bound int
 	// Frozen says the set carries the freeze now.
 	Frozen bool
-	// Paused says the set carries the paused annotation: nothing is
-	// written on it (marina move hands paused sets over as they are).
-	Paused bool
 }
 
 // Overshoots decides which sets to freeze and which to thaw. A set is
@@ -27,14 +24,12 @@ type Set struct {
 // lowering its replicas deletes the extra machines at once, so only a
 // runaway stays above), and thawed as soon as it is back in bounds. seen
 // holds when each set was first seen above; next is what to keep for the
-// next look. A paused set is neither frozen nor thawed, and its sighting
-// forgotten.
+// next look.
 func Overshoots(sets []Set, seen map[types.UID]time.Time, now time.Time, grace time.Duration) (freeze, thaw []types.UID, next map[types.UID]time.Time) {
 	next = map[types.UID]time.Time{}
 	for _, s := range sets {
 		over := s.Machines > s.Bound
 		switch {
-		case s.Paused:
 		case !over && s.Frozen:
 			thaw = append(thaw, s.UID)
 		case !over, s.Frozen:

@@ -25,8 +25,6 @@ func TestOvershoots(t *testing.T) {
 		{"above for grace: frozen", Set{UID: "s", Machines: 5, Bound: 4}, map[types.UID]time.Time{"s": t0}, t0.Add(grace), "[s]", "[]", "map[]"},
 		{"frozen and still above: left frozen", Set{UID: "s", Machines: 9, Bound: 4, Frozen: true}, nil, t0, "[]", "[]", "map[]"},
 		{"frozen, back in bounds: thawed", Set{UID: "s", Machines: 4, Bound: 4, Frozen: true}, nil, t0, "[]", "[s]", "map[]"},
-		{"paused and above for grace: left alone", Set{UID: "s", Machines: 5, Bound: 4, Paused: true}, map[types.UID]time.Time{"s": t0}, t0.Add(grace), "[]", "[]", "map[]"},
-		{"paused, frozen and back in bounds: left alone", Set{UID: "s", Machines: 4, Bound: 4, Frozen: true, Paused: true}, nil, t0, "[]", "[]", "map[]"},
 		{"back in bounds before grace: forgotten", Set{UID: "s", Machines: 3, Bound: 4}, map[types.UID]time.Time{"s": t0}, t0.Add(time.Second), "[]", "[]", "map[]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

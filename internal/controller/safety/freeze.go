@@ -47,8 +47,7 @@ func (c *Controller) freeze(ctx context.Context) error {
 		n := countMachines(ms, machines.Items)
 		replicas, surge := bound(ms, deployments.Items)
 		_, frozen := ms.Annotations[clusterv1.FrozenAnnotation]
-		_, paused := ms.Annotations[clusterv1.PausedAnnotation]
-		looks = append(looks, safety.Set{UID: ms.UID, Machines: n, Bound: int(replicas + surge), Frozen: frozen, Paused: paused})
+		looks = append(looks, safety.Set{UID: ms.UID, Machines: n, Bound: int(replicas + surge), Frozen: frozen})
 		why[ms.UID] = fmt.Sprintf("%d machines, above replicas %d + maxSurge %d for over %s: no machine is created until the set is back in bounds (delete the extra machines, or find what made them)",
 			n, replicas, surge, c.opts.FreezeAfter)
 	}
