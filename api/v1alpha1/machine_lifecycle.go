@@ -1,5 +1,10 @@
 package v1alpha1
 
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
 // Reasons and annotations of the machine lifecycle that the machine
 // controller sets and honours (issue: machines and the provider contract).
 const (
@@ -138,3 +143,25 @@ const (
 	// EtcdMemberHook is the control plane's pre-terminate hook.
 	EtcdMemberHook = PreTerminateHookPrefix + "etcd-member"
 )
+
+// InstanceKeyAnnotation on a Machine or a Cluster holds the key its
+// provider made the machine (or the cluster's endpoint) under: the UID the
+// object had when the provider first saw it. marina move writes it on the
+// objects it creates on another management plane, where the UIDs are new,
+// so that the controller there finds the machines and endpoints that run
+// instead of making new ones. An object without it uses its own UID.
+const InstanceKeyAnnotation = GroupName + "/instance-key"
+
+// MovedFromAnnotation on an object marina move created holds the UID of
+// the object it copies on the source management plane: a move run again
+// after a crash finds what it created already by it.
+const MovedFromAnnotation = GroupName + "/moved-from"
+
+// InstanceKey is the key a provider knows obj's machine or endpoint by:
+// the InstanceKeyAnnotation when set, else obj's UID.
+func InstanceKey(obj metav1.Object) types.UID {
+	if k := obj.GetAnnotations()[InstanceKeyAnnotation]; k != "" {
+		return types.UID(k)
+	}
+	return obj.GetUID()
+}

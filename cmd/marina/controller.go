@@ -16,6 +16,7 @@ import (
 	ctrlmanager "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"marina.dev/marina/internal/manager"
+	"marina.dev/marina/internal/plane"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
@@ -53,7 +54,15 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				return fmt.Errorf("loading kubeconfig: %w", err)
 			}
 			if localDir != "" {
-				local, err := newLocalProvider(localDir, binDir)
+				c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+				if err != nil {
+					return fmt.Errorf("building client: %w", err)
+				}
+				planeID, err := plane.ID(cmd.Context(), c)
+				if err != nil {
+					return err
+				}
+				local, err := newLocalProvider(localDir, binDir, planeID)
 				if err != nil {
 					return err
 				}

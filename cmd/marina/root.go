@@ -32,7 +32,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newUpCommand(), newControllerCommand(), newVersionCommand())
 	root.AddCommand(newNodeAgentCommand())
 	root.AddCommand(newLoadBalancerCommand())
-	root.AddCommand(newUpgradeCommand(), newDescribeCommand(), newKubeconfigCommand(), newCreateCommand(), newDeleteCommand(), newInitCommand(), newRolloutCommand())
+	root.AddCommand(newUpgradeCommand(), newDescribeCommand(), newKubeconfigCommand(), newCreateCommand(), newDeleteCommand(), newInitCommand(), newRolloutCommand(), newMoveCommand())
 	return root
 }
 

@@ -35,6 +35,7 @@ func upLogFile(stateDir string) string { return filepath.Join(stateDir, "logs", 
 
 func newUpCommand() *cobra.Command {
 	var logFile string // empty with -v: the log goes to stderr
+	var machinesDir string
 	pinned := tools.Pinned()
 	opts := plane.Options{
 		StateDir:    envOr("MARINA_STATE_DIR", defaultStateDir()),
@@ -81,7 +82,10 @@ instead, at verbosity N (-v 0 included).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return runUp(ctx, cmd, opts, logFile)
+			if machinesDir == "" {
+				machinesDir = filepath.Join(opts.StateDir, "machines")
+			}
+			return runUp(ctx, cmd, opts, logFile, machinesDir)
 		},
 	}
 	f := cmd.Flags()
@@ -91,10 +95,11 @@ instead, at verbosity N (-v 0 included).`,
 	f.IntVar(&opts.APIPort, "api-port", opts.APIPort, "kube-apiserver port on 127.0.0.1")
 	f.IntVar(&opts.EtcdPort, "etcd-port", opts.EtcdPort, "etcd client port on 127.0.0.1 (the peer port is the next one)")
 	f.IntVar(&opts.WebhookPort, "webhook-port", opts.WebhookPort, "port on 127.0.0.1 of marina's admission webhook, which the API server calls to check every marina object")
+	f.StringVar(&machinesDir, "machines-dir", "", "directory holding the local provider's machine sandboxes (default: machines in the state directory); a target of marina move on this host uses the source's")
 	return cmd
 }
 
-func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile string) error {
+func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile, machinesDir string) error {
 	out := cmd.OutOrStdout()
 	opts.Progress = out
 	p, err := plane.Start(ctx, opts)
@@ -121,7 +126,11 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile 
 	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
 	}
-	local, err := newLocalProvider(filepath.Join(opts.StateDir, "machines"), opts.BinDir)
+	planeID, err := plane.ID(ctx, c)
+	if err != nil {
+		return err
+	}
+	local, err := newLocalProvider(machinesDir, opts.BinDir, planeID)
 	if err != nil {
 		return err
 	}
@@ -201,10 +210,10 @@ func installWebhook(ctx context.Context, c client.Client, mgr ctrl.Manager, p *p
 // newLocalProvider keeps sandboxes under root and starts their agents with
 // this very binary (marina node-agent). binDir holds the control-plane
 // versions it can run.
-func newLocalProvider(root, binDir string) (*local.Provider, error) {
+func newLocalProvider(root, binDir, planeID string) (*local.Provider, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
-	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"}, BinDir: binDir})
+	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"}, BinDir: binDir, Plane: planeID})
 }

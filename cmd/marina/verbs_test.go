@@ -79,3 +79,24 @@ func TestDeleteCluster(t *testing.T) {
 		t.Errorf("deleting a cluster that is gone: %v", err)
 	}
 }
+
+// marina move needs the target's kubeconfig, and refuses one that reaches
+// the source or cannot be read, before it touches anything.
+func TestMoveFlags(t *testing.T) {
+	env := managementPlane(t)
+	isolate(t)
+	ns := env.Namespace(t)
+	path := writeKubeconfig(t, envKubeconfig(t, env, ns))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{args: []string{"move", "--kubeconfig", path}, want: `"to-kubeconfig" not set`},
+		{args: []string{"move", "--kubeconfig", path, "--to-kubeconfig", path}, want: "is the source"},
+		{args: []string{"move", "--kubeconfig", path, "--to-kubeconfig", filepath.Join(t.TempDir(), "none")}, want: "loading the target's kubeconfig"},
+	} {
+		if _, _, err := marina(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("marina %v: %v; want an error saying %q", tc.args, err, tc.want)
+		}
+	}
+}

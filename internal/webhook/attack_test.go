@@ -465,6 +465,46 @@ func TestAttackTenantWritesTheControlPlanesProviderSpec(t *testing.T) {
 		"spec.controlPlane.providerSpec.spec.cpu", "does not allow overriding this field (allowed: spec.diskSize)")
 }
 
+// marina move's instance key names the real machine a Machine acts on: a
+// tenant who set it to another machine's key, on a Machine or in a set's
+// template, could delete or take over that machine. Only marina's
+// controllers and administrators may set it.
+func TestAttackTenantPointsAMachineAtAnotherOnesSandbox(t *testing.T) {
+	ns := env.Namespace(t)
+	create(t, newCluster(ns))
+	alice := tenant(t)
+	ctx := context.Background()
+	victim := newWorker(ns, "victim")
+	create(t, victim)
+
+	thief := newWorker(ns, "thief")
+	thief.Annotations = map[string]string{clusterv1.InstanceKeyAnnotation: string(victim.UID)}
+	if err := alice.Create(ctx, thief); err == nil {
+		t.Fatal("a tenant's machine naming another machine's instance key was accepted")
+	} else {
+		assertInvalid(t, err, "metadata.annotations[cluster.marina.dev/instance-key]", "only marina's controllers and administrators")
+	}
+	mine := newWorker(ns, "mine")
+	if err := alice.Create(ctx, mine); err != nil {
+		t.Fatalf("a tenant's plain machine was refused: %v", err)
+	}
+	patchRefused(t, alice, mine, mergePatch(`{"metadata":{"annotations":{"cluster.marina.dev/instance-key":"`+string(victim.UID)+`"}}}`),
+		"metadata.annotations[cluster.marina.dev/instance-key]", "only marina's controllers and administrators")
+	set := newMachineSet(ns, newWorker(ns, "").Spec)
+	set.Spec.Template.ObjectMeta.Annotations = map[string]string{clusterv1.InstanceKeyAnnotation: string(victim.UID)}
+	if err := alice.Create(ctx, set); err == nil {
+		t.Error("a tenant's set whose template carries an instance key was accepted")
+	} else {
+		assertInvalid(t, err, "spec.template.metadata.annotations[cluster.marina.dev/instance-key]", "only marina's controllers and administrators")
+	}
+	// An administrator (marina move) may.
+	moved := newWorker(ns, "moved")
+	moved.Annotations = map[string]string{clusterv1.InstanceKeyAnnotation: "first-uid"}
+	if err := env.Client.Create(ctx, moved); err != nil {
+		t.Errorf("an administrator's machine with an instance key was refused: %v", err)
+	}
+}
+
 // Finding 5 (dnsDomain): every label of the cluster's DNS domain is at most
 // 63 characters, as DNS allows.
 func TestAttackDNSDomainLabelTooLong(t *testing.T) {

@@ -43,6 +43,10 @@ var ReservedLabels = []string{clusterv1.ControlPlaneLabel, clusterv1.MachineTemp
 var ReservedAnnotations = []string{
 	clusterv1.ComponentSettingsAnnotation, clusterv1.EtcdInitAnnotation, clusterv1.EtcdMemberIDAnnotation,
 	clusterv1.UpgradeStepAnnotation, clusterv1.EndpointDrainAnnotation, clusterv1.EtcdMemberHook,
+	// The instance key names the provider's machine or endpoint an object
+	// acts on (marina move sets it): a tenant who set it to another
+	// machine's key could delete or take over that machine.
+	clusterv1.InstanceKeyAnnotation,
 }
 
 // privileged reports whether the request comes from marina's controllers
@@ -68,7 +72,7 @@ func reservedChanges(oldObj, newObj client.Object) field.ErrorList {
 	errs = append(errs, reservedKeyChanges(oldObj, newObj, "labels", ReservedLabels,
 		"it decides which machines a control plane or a deployment counts")...)
 	errs = append(errs, reservedKeyChanges(oldObj, newObj, "annotations", ReservedAnnotations,
-		"the control plane steers its machines' components and etcd members by it")...)
+		"marina steers a machine by it (its components, its etcd member, the real machine or endpoint it names)")...)
 	errs = append(errs, clusterControllerChange(oldObj, newObj)...)
 	return errs
 }

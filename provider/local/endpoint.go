@@ -73,6 +73,9 @@ func (p *Provider) EnsureEndpoint(ctx context.Context, req *provider.EndpointReq
 	case err != nil:
 		return "", 0, err
 	}
+	if err := p.claim(dir); err != nil {
+		return "", 0, err
+	}
 	want := endpointConfig(cfg.Listen, req.Backends, req.Draining)
 	tlsFiles := loadbalancer.TLSFiles{CA: req.CAData, ClientCert: req.ClientCert, ClientKey: req.ClientKey}
 	// Only what differs is written: every write makes the balancer reload,
@@ -158,9 +161,6 @@ func (p *Provider) EndpointUIDs() ([]types.UID, error) {
 	}
 	return uids, nil
 }
-
-// ClusterEndpoints implements provider.EndpointLister.
-func (p *Provider) ClusterEndpoints(context.Context) ([]types.UID, error) { return p.EndpointUIDs() }
 
 func (p *Provider) endpointDir(uid types.UID) string {
 	return filepath.Join(p.root, endpointsDir, string(uid))

@@ -51,6 +51,10 @@ type Options struct {
 	// (kube-apiserver-<version>, ...): the control-plane versions this
 	// provider can run. Empty: any version is accepted.
 	BinDir string
+	// Plane is the id of the management plane this provider works for
+	// (marina uses its API server's kube-system namespace UID); see
+	// ManagerFile. Empty: the root is this provider's alone.
+	Plane string
 }
 
 // Provider is the local provider. It is safe for concurrent use; calls for
@@ -182,6 +186,9 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 	case err != nil:
 		return nil, err
 	}
+	if err := p.claim(dir); err != nil {
+		return nil, err
+	}
 
 	if err := p.ensureRunning(ctx, req.UID, dir, boot, &req.Bootstrap); err != nil {
 		return nil, fmt.Errorf("starting the agent of machine %s/%s: %w", req.Namespace, req.Name, err)
@@ -266,6 +273,9 @@ func (p *Provider) Get(_ context.Context, uid types.UID) (*provider.Instance, er
 		return nil, &provider.NotFoundError{UID: uid}
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := p.claim(dir); err != nil {
 		return nil, err
 	}
 	running, err := sandbox.Held(dir)
@@ -360,10 +370,6 @@ func (p *Provider) UIDs() ([]types.UID, error) {
 	}
 	return uids, nil
 }
-
-// MachineUIDs implements provider.MachineLister: the machines that have a
-// sandbox.
-func (p *Provider) MachineUIDs(context.Context) ([]types.UID, error) { return p.UIDs() }
 
 // DeleteAll deletes every machine and endpoint under the root, for tearing a whole local
 // fleet down (a test suite, a benchmark).

@@ -70,6 +70,15 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 	if err != nil {
 		return nil, err
 	}
+	if p.opts.Plane != "" {
+		// Inside the temporary directory: a sandbox is never in place
+		// without its manager, so this plane's orphan sweep sees it as
+		// its own from the start.
+		if err := files.WriteAtomic(filepath.Join(tmp, ManagerFile), []byte(p.opts.Plane+"\n"), 0o600); err != nil {
+			_ = os.RemoveAll(tmp)
+			return nil, err
+		}
+	}
 	if doc := req.Bootstrap.ControlPlane; doc != nil {
 		b.BinDir = p.binDir
 		if err := files.WriteAtomic(filepath.Join(tmp, sandbox.ControlPlaneFile), doc, 0o600); err != nil {

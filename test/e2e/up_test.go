@@ -50,10 +50,10 @@ func (b *syncBuffer) String() string {
 // found free can be taken before marina binds them (by an outgoing
 // connection's ephemeral port, in another test package running beside
 // this one): a start that fails to bind is tried again on other ports.
-func startUp(t *testing.T, stateDir string) *upProcess {
+func startUp(t *testing.T, stateDir string, args ...string) *upProcess {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
-		u, bindErr := tryStartUp(t, stateDir)
+		u, bindErr := tryStartUp(t, stateDir, args...)
 		if !bindErr || attempt == 3 {
 			if bindErr {
 				t.Fatalf("marina up could not bind its ports in 3 tries:\n%s", u.out)
@@ -71,7 +71,7 @@ func lastLine(s string) string {
 
 // tryStartUp reports true, with marina up stopped, when it exited because
 // a port was taken.
-func tryStartUp(t *testing.T, stateDir string) (*upProcess, bool) {
+func tryStartUp(t *testing.T, stateDir string, args ...string) (*upProcess, bool) {
 	t.Helper()
 	binDir, err := testenv.BinDir()
 	if err != nil {
@@ -84,6 +84,7 @@ func tryStartUp(t *testing.T, stateDir string) (*upProcess, bool) {
 		"--api-port", strconv.Itoa(base),
 		"--etcd-port", strconv.Itoa(base+1),
 		"--webhook-port", strconv.Itoa(base+3))
+	cmd.Args = append(cmd.Args, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting marina up: %v", err)

@@ -398,3 +398,37 @@ func TestDeletionSeesAMachineTheCacheMissed(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A paused cluster that is deleted is left alone, its finalizer kept
+// (marina move deletes the copies it handed over that way); a cluster
+// deleted after it, not paused, goes: the controller looked at both.
+func TestDeletedPausedClusterIsLeftAlone(t *testing.T) {
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	paused, other := newCluster(ns, "a-paused"), newCluster(ns, "b-other")
+	paused.Spec.Paused = true
+	for _, c := range []*clusterv1.Cluster{paused, other} {
+		c.Finalizers = []string{clusterv1.ClusterFinalizer}
+		create(t, c)
+	}
+	for _, c := range []*clusterv1.Cluster{paused, other} {
+		if err := env.Client.Delete(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startController(t, ns)
+	testenv.Eventually(t, 30*time.Second, "the other cluster gone", func() error {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(other), &clusterv1.Cluster{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (%v)", err)
+	})
+	if c := get(t, ns, "a-paused"); !slices.Equal(c.Finalizers, []string{clusterv1.ClusterFinalizer}) {
+		t.Errorf("the deleted paused cluster was taken apart: finalizers %v", c.Finalizers)
+	}
+	patch := []byte(`{"metadata":{"finalizers":null}}`)
+	if err := env.Client.Patch(ctx, paused, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -132,16 +132,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}()
 
+	// A paused cluster is left alone even when it is deleted: marina move
+	// deletes the copies it handed to another management plane that way,
+	// their endpoint and machines running on.
+	if paused(cluster) {
+		setCondition(cluster, clusterv1.PausedCondition, metav1.ConditionTrue, clusterv1.ClusterPausedReason,
+			"spec.paused or the "+clusterv1.PausedAnnotation+" annotation is set: marina changes nothing of this cluster until it is unset")
+		return ctrl.Result{}, nil
+	}
 	if !cluster.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, cluster)
 	}
 	if err := r.ensureFinalizer(ctx, cluster); err != nil {
 		return ctrl.Result{}, err
-	}
-	if paused(cluster) {
-		setCondition(cluster, clusterv1.PausedCondition, metav1.ConditionTrue, clusterv1.ClusterPausedReason,
-			"spec.paused is set: marina changes nothing of this cluster until it is unset")
-		return ctrl.Result{}, nil
 	}
 	meta.RemoveStatusCondition(&cluster.Status.Conditions, clusterv1.PausedCondition)
 

@@ -151,7 +151,7 @@ func (r *Reconciler) deleteEndpoint(ctx context.Context, cluster *clusterv1.Clus
 	if !ok {
 		return nil
 	}
-	if err := eps.DeleteEndpoint(ctx, cluster.UID); err != nil {
+	if err := eps.DeleteEndpoint(ctx, clusterv1.InstanceKey(cluster)); err != nil {
 		return fmt.Errorf("deleting the control-plane endpoint: %w", err)
 	}
 	return nil

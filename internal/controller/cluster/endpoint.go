@@ -157,7 +157,7 @@ func (r *Reconciler) endpointBackends(ctx context.Context, cluster *clusterv1.Cl
 // anyone (system:public-info-viewer), so it needs the CA and no client key.
 func endpointRequest(cluster *clusterv1.Cluster, set *clusterpki.Set, backends []string) *provider.EndpointRequest {
 	return &provider.EndpointRequest{
-		UID: cluster.UID, Namespace: cluster.Namespace, Name: cluster.Name,
+		UID: clusterv1.InstanceKey(cluster), Namespace: cluster.Namespace, Name: cluster.Name,
 		Backends: backends, CAData: set.CA.CertPEM(),
 	}
 }

@@ -83,7 +83,7 @@ func (r *Reconciler) bootstrapToken(ctx context.Context, m *clusterv1.Machine, c
 	if err := r.bootstrapRBAC.ensure(ctx, cl, bootstraptoken.EnsureRBAC); err != nil {
 		return provider.Bootstrap{}, fmt.Errorf("allowing TLS bootstrap in the workload cluster: %w", err)
 	}
-	token, err := bootstraptoken.Ensure(ctx, cl.Clientset, m.UID, bootstraptoken.DefaultTTL, time.Now())
+	token, err := bootstraptoken.Ensure(ctx, cl.Clientset, clusterv1.InstanceKey(m), bootstraptoken.DefaultTTL, time.Now())
 	if err != nil {
 		r.bootstrapRBAC.forget(cl)
 		return provider.Bootstrap{}, err

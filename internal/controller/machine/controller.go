@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -81,7 +83,7 @@ type Reconciler struct {
 const (
 	classNameIndex  = "spec.classRef.name"
 	providerIDIndex = "status.providerID"
-	uidIndex        = "metadata.uid"
+	uidIndex        = "instanceKey"
 )
 
 // errCrash is what a test crash hook returns.
@@ -185,6 +187,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 			retErr = errors.Join(retErr, err)
 		}
 	}()
+	if why, err := r.pausedBy(ctx, m); err != nil || why != "" {
+		// Nothing is done, not even a deletion: marina move hands paused
+		// machines to another management plane, and removes them here
+		// without their machines being deleted.
+		return ctrl.Result{}, err
+	}
 	if !m.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, m, prov)
 	}
@@ -219,6 +227,35 @@ func (r *Reconciler) patchStatus(ctx context.Context, before, m *clusterv1.Machi
 
 func (r *Reconciler) crashed(step string) bool {
 	return r.opts.crashAt != nil && r.opts.crashAt(step)
+}
+
+// pausedBy says why m is paused (its paused annotation, or its Cluster's
+// spec.paused or annotation), and sets its Paused condition; "" when it is
+// not. The condition, written at the machine's generation, is how marina move
+// sees that this controller stopped acting on the machine.
+func (r *Reconciler) pausedBy(ctx context.Context, m *clusterv1.Machine) (string, error) {
+	why := ""
+	if _, ok := m.Annotations[clusterv1.PausedAnnotation]; ok {
+		why = "the machine has the " + clusterv1.PausedAnnotation + " annotation: marina changes nothing of it until it is removed"
+	} else {
+		cluster := &clusterv1.Cluster{}
+		err := r.client.Get(ctx, clusterKey(m), cluster)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return "", fmt.Errorf("reading cluster %s: %w", m.Spec.ClusterName, err)
+		}
+		_, annotated := cluster.Annotations[clusterv1.PausedAnnotation]
+		if err == nil && (cluster.Spec.Paused || annotated) {
+			why = "its cluster " + cluster.Name + " is paused: marina changes nothing of the machine until the cluster is unpaused"
+		}
+	}
+	if why == "" {
+		if meta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.PausedCondition) {
+			setCondition(m, clusterv1.PausedCondition, metav1.ConditionFalse, clusterv1.NotPausedReason, "")
+		}
+		return "", nil
+	}
+	setCondition(m, clusterv1.PausedCondition, metav1.ConditionTrue, clusterv1.PausedReason, why)
+	return why, nil
 }
 
 func clusterKey(m *clusterv1.Machine) types.NamespacedName {

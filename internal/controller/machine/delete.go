@@ -93,7 +93,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 			fmt.Sprintf("waiting for pre-terminate hook %s to be removed before deleting the machine", hook))
 		return ctrl.Result{}, nil // removing the annotation is an update: it brings the machine back
 	}
-	if err := prov.Delete(ctx, m.UID); err != nil {
+	if err := prov.Delete(ctx, clusterv1.InstanceKey(m)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("deleting machine with provider %s: %w", prov.Name(), err)
 	}
 	r.recorder.Eventf(m, nil, corev1.EventTypeNormal, "MachineDeleted", "Delete", "provider %s deleted the machine", prov.Name())
@@ -213,7 +213,7 @@ func (r *Reconciler) everMade(ctx context.Context, m *clusterv1.Machine, prov pr
 	if m.Status.ProviderID != "" {
 		return true, nil
 	}
-	inst, err := prov.Get(ctx, m.UID)
+	inst, err := prov.Get(ctx, clusterv1.InstanceKey(m))
 	switch {
 	case provider.IsNotFound(err):
 		return false, nil
@@ -247,7 +247,7 @@ func (r *Reconciler) nodeForDeletion(ctx context.Context, m *clusterv1.Machine, 
 	}
 	providerID := m.Status.ProviderID
 	if providerID == "" {
-		inst, err := prov.Get(ctx, m.UID)
+		inst, err := prov.Get(ctx, clusterv1.InstanceKey(m))
 		if provider.IsNotFound(err) {
 			return nil, nil
 		}

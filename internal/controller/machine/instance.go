@@ -49,14 +49,14 @@ func (r *Reconciler) reconcileInstance(ctx context.Context, before, m *clusterv1
 	if err := r.patchStatus(ctx, before, m); err != nil {
 		return ctrl.Result{}, err
 	}
-	started, err := starter.Start(ctx, m.UID, nil)
+	started, err := starter.Start(ctx, clusterv1.InstanceKey(m), nil)
 	if provider.IsBootstrapNeeded(err) {
 		ctrl.LoggerFrom(ctx).Info("Stopped machine needs fresh credentials to start", "reason", err.Error())
 		boot, res, berr := r.bootstrapFor(ctx, m, clusterv1.MachineInstanceRunningCondition)
 		if boot == nil {
 			return res, berr
 		}
-		started, err = starter.Start(ctx, m.UID, boot)
+		started, err = starter.Start(ctx, clusterv1.InstanceKey(m), boot)
 	}
 	if err != nil {
 		setCondition(m, clusterv1.MachineInstanceRunningCondition, metav1.ConditionFalse, clusterv1.MachineStartFailedReason,

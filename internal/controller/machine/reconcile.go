@@ -173,7 +173,7 @@ func (r *Reconciler) stageVersions(ctx context.Context, m *clusterv1.Machine, pr
 		}
 	}
 	if stager, ok := prov.(provider.VersionStager); ok {
-		err := stager.StageVersions(ctx, m.UID, v)
+		err := stager.StageVersions(ctx, clusterv1.InstanceKey(m), v)
 		if provider.IsInvalidSpec(err) {
 			// Retrying cannot help until spec.versions changes, which
 			// brings the machine back; its Node keeps what it asked for.
@@ -256,7 +256,7 @@ func (r *Reconciler) provision(ctx context.Context, m *clusterv1.Machine, prov p
 	spec := m.Spec.DeepCopy()
 	spec.Labels, spec.Taints = nodeMetadata(m.Spec.Roles, resolved.Labels, resolved.Taints)
 	inst, err := prov.Create(ctx, &provider.Request{
-		UID: m.UID, Namespace: m.Namespace, Name: m.Name,
+		UID: clusterv1.InstanceKey(m), Namespace: m.Namespace, Name: m.Name,
 		Machine: *spec, ProviderSpec: resolved.ProviderSpec.Raw, Bootstrap: *boot,
 		KubeletConfig: kubeletConfig, NodeAnnotations: nodeAnnotations(m),
 	})
@@ -286,7 +286,7 @@ func (r *Reconciler) provision(ctx context.Context, m *clusterv1.Machine, prov p
 // hide the loss and could resurrect a machine an operator removed on
 // purpose. One that exists but stopped is reconcileInstance's.
 func (r *Reconciler) describe(ctx context.Context, m *clusterv1.Machine, prov provider.Provider) (*provider.Instance, error) {
-	inst, err := prov.Get(ctx, m.UID)
+	inst, err := prov.Get(ctx, clusterv1.InstanceKey(m))
 	if provider.IsNotFound(err) {
 		msg := fmt.Sprintf("the machine %s no longer exists at provider %s; marina does not re-create it: delete this Machine (its MachineSet replaces it)",
 			m.Status.ProviderID, prov.Name())
@@ -324,7 +324,7 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 	if m.Status.NodeRef == nil && !hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) {
 		// The worker has joined: its bootstrap token has served. Were this
 		// lost to a crash, the token expires on its own.
-		if err := bootstraptoken.Delete(ctx, cl.Clientset, m.UID); err != nil {
+		if err := bootstraptoken.Delete(ctx, cl.Clientset, clusterv1.InstanceKey(m)); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Deleting the bootstrap token of a joined machine")
 		}
 	}

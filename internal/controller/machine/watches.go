@@ -29,7 +29,7 @@ func indexMachines(ctx context.Context, mgr ctrl.Manager) error {
 			}
 			return nil
 		},
-		uidIndex: func(o client.Object) []string { return []string{string(o.GetUID())} },
+		uidIndex: func(o client.Object) []string { return []string{string(clusterv1.InstanceKey(o))} },
 		providerIDIndex: func(o client.Object) []string {
 			if id := o.(*clusterv1.Machine).Status.ProviderID; id != "" {
 				return []string{id}

@@ -178,6 +178,10 @@ func TestStormShortCircuits(t *testing.T) {
 		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != clusterv1.PausedReason {
 			return fmt.Errorf("condition %+v", c)
 		}
+		// What marina move waits for.
+		if p := condition(getCheck(t, mhc).Status.Conditions, clusterv1.PausedCondition); p == nil || p.Status != metav1.ConditionTrue {
+			return fmt.Errorf("Paused condition %+v", p)
+		}
 		return nil
 	})
 	var dead []clusterv1.Machine

@@ -33,6 +33,7 @@ func (r *Reconciler) setStatus(_ context.Context, before *clusterv1.MachineHealt
 		}
 	}
 	setRemediationAllowedCondition(s)
+	setPausedCondition(s)
 
 	was := meta.FindStatusCondition(before.Status.Conditions, clusterv1.RemediationAllowedCondition)
 	now := meta.FindStatusCondition(st.Conditions, clusterv1.RemediationAllowedCondition)
@@ -40,6 +41,18 @@ func (r *Reconciler) setStatus(_ context.Context, before *clusterv1.MachineHealt
 		r.recorder.Eventf(s.mhc, nil, corev1.EventTypeWarning, clusterv1.TooManyUnhealthyReason, "Remediate", "%s", now.Message)
 		metrics.ShortCircuits.WithLabelValues(s.mhc.Namespace, s.mhc.Name).Inc()
 	}
+}
+
+// setPausedCondition is True while the check's paused annotation stops it
+// (marina move waits for it), and absent otherwise.
+func setPausedCondition(s *scope) {
+	if !s.blocked || s.reason != clusterv1.PausedReason {
+		meta.RemoveStatusCondition(&s.mhc.Status.Conditions, clusterv1.PausedCondition)
+		return
+	}
+	meta.SetStatusCondition(&s.mhc.Status.Conditions, metav1.Condition{
+		Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: s.reason, Message: s.message, ObservedGeneration: s.mhc.Generation,
+	})
 }
 
 // setRemediationAllowedCondition says whether the check may remediate now,

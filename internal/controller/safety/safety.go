@@ -138,7 +138,7 @@ func (c *Controller) machineKind() *orphanKind {
 			}
 			known := make(map[types.UID]bool, len(list.Items))
 			for _, m := range list.Items {
-				known[m.UID] = true
+				known[clusterv1.InstanceKey(&m)] = true
 			}
 			return known, nil
 		},
@@ -166,7 +166,7 @@ func (c *Controller) endpointKind() *orphanKind {
 			}
 			known := make(map[types.UID]bool, len(list.Items))
 			for _, cl := range list.Items {
-				known[cl.UID] = true
+				known[clusterv1.InstanceKey(&cl)] = true
 			}
 			return known, nil
 		},
