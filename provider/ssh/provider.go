@@ -26,6 +26,7 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/files"
 	"marina.dev/marina/provider"
+	"marina.dev/marina/provider/local"
 )
 
 // Name is the provider's name in conditions, events and logs.
@@ -88,6 +89,7 @@ type Provider struct {
 var (
 	_ provider.Provider      = (*Provider)(nil)
 	_ provider.MachineLister = (*Provider)(nil)
+	_ provider.VersionLister = (*Provider)(nil)
 )
 
 // New returns an SSH provider.
@@ -124,6 +126,12 @@ func (p *Provider) SetupWithManager(mgr ctrl.Manager) error {
 
 // Name implements provider.Provider.
 func (p *Provider) Name() string { return Name }
+
+// KubernetesVersions implements provider.VersionLister: the releases whose
+// components are in Options.BinDir, which are those it can copy.
+func (p *Provider) KubernetesVersions() ([]string, error) {
+	return local.KubernetesVersions(p.opts.BinDir)
+}
 
 // Kinds implements provider.Provider: SSHMachine.
 func (p *Provider) Kinds() []schema.GroupVersionKind {
