@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
@@ -62,14 +63,17 @@ func sshHosts(t *testing.T, n int) (manifests string, onHost func(i int, command
 	}
 }
 
-// The issue's path for servers people own: tools/ssh-hosts up 3 | kubectl
+// The issue's path for servers people own: tools/ssh-hosts up | kubectl
 // apply -f -, then kubectl apply -f examples/ssh/: the control plane (real
-// etcd and Kubernetes components) on one host, a worker on each of the two
-// others, Ready, three Ready Nodes through the cluster's kubeconfig;
-// deleting it leaves every host released, with no process of the machine
-// and no file but the provisioning log.
+// etcd and Kubernetes components) on one host, a worker on each of two
+// others, Ready, three Ready Nodes through the cluster's kubeconfig. A
+// worker whose operator template fails on its second step names the step
+// and its output in its condition and events; fixing the ConfigMap lets the
+// next attempt succeed. Deleting the cluster leaves every host released,
+// with no process of the machine and no file but the provisioning log.
 func TestSSHHostsRunTheExampleCluster(t *testing.T) {
-	manifests, onHost := sshHosts(t, 3)
+	// A fourth host for the machine whose provisioning fails, below.
+	manifests, onHost := sshHosts(t, 4)
 	u, _, c := startUpWithClient(t)
 	ctx := context.Background()
 	if out, err := u.kubectlStdin(t, manifests, "apply", "-f", "-"); err != nil {
@@ -119,6 +123,10 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 		t.Errorf("the control-plane bundle has mode %s on host 1, want 600", got)
 	}
 
+	t.Run("a failing step is named and a fixed ConfigMap is used", func(t *testing.T) {
+		failingStepThenFixed(t, ctx, u, c)
+	})
+
 	if out, err := u.kubectl(t, "delete", "-f", filepath.Join(u.repoRoot(t), "examples", "ssh"), "--wait=false"); err != nil {
 		t.Fatalf("kubectl delete -f examples/ssh: %v\n%s", err, out)
 	}
@@ -135,7 +143,7 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 		}
 		return nil
 	})
-	for i := 1; i <= 3; i++ {
+	for i := 1; i <= 4; i++ {
 		if got := strings.TrimSpace(onHost(i, "ls -A /var/lib/marina")); got != "log" {
 			t.Errorf("host %d keeps %q in /var/lib/marina, want only the provisioning log", i, got)
 		}
@@ -152,4 +160,104 @@ func (u *upProcess) repoRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return repo
+}
+
+// failingStepThenFixed adds a worker to cluster ssh whose templates (a
+// ConfigMap) fail on their second step, checks its condition and events
+// name the step with its output, fixes the ConfigMap and waits for the
+// worker to run.
+func failingStepThenFixed(t *testing.T, ctx context.Context, u *upProcess, c client.Client) {
+	const broken = `apiVersion: v1
+kind: ConfigMap
+metadata: {name: provisioning, namespace: default}
+data:
+  provision-10-check.sh: |
+    echo checking {{.Host.Address}}
+  provision-20-packages.sh: |
+    echo fetching packages for {{.Role}}
+    echo mirror.example unreachable >&2
+    exit 3
+  provision-30-start-agent.sh: |
+    cd {{.SandboxDir}}
+    setsid nohup {{.AgentCommand}} >>agent.log 2>&1 </dev/null &
+    echo $! > agent.pid
+  deprovision-10-stop.sh: |
+    kill -TERM -- -$(cat {{.SandboxDir}}/agent.pid) 2>/dev/null || true
+    sleep 1
+    kill -KILL -- -$(cat {{.SandboxDir}}/agent.pid) 2>/dev/null || true
+    rm -rf {{.SandboxDir}} {{.BinDir}}
+---
+apiVersion: cluster.marina.dev/v1alpha1
+kind: Machine
+metadata:
+  name: ssh-worker-templated
+  namespace: default
+  labels: {cluster.marina.dev/cluster-name: ssh}
+spec:
+  clusterName: ssh
+  roles: [Worker]
+  versions: {kubelet: v1.37.2}
+  providerSpec:
+    apiVersion: ssh.marina.dev/v1alpha1
+    kind: SSHMachine
+    spec:
+      hostsRef: {name: ssh-hosts}
+      hostSelector: {role: worker}
+      secretRef: {name: ssh-hosts}
+      templatesRef: {name: provisioning}
+`
+	if out, err := u.kubectlStdin(t, broken, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	key := types.NamespacedName{Namespace: "default", Name: "ssh-worker-templated"}
+	m := &clusterv1.Machine{}
+	testenv.Eventually(t, 2*time.Minute, "the machine's condition names the failing step and its output", func() error {
+		if err := c.Get(ctx, key, m); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineProvisionedCondition)
+		if cond == nil {
+			return fmt.Errorf("no %s condition yet", clusterv1.MachineProvisionedCondition)
+		}
+		for _, want := range []string{"step 20-packages", "ConfigMap default/provisioning key provision-20-packages.sh", "exited with status 3", "fetching packages for worker", "mirror.example unreachable"} {
+			if !strings.Contains(cond.Message, want) {
+				return fmt.Errorf("%s condition %s: %q does not say %q", clusterv1.MachineProvisionedCondition, cond.Reason, cond.Message, want)
+			}
+		}
+		return nil
+	})
+	var events corev1.EventList
+	if err := c.List(ctx, &events, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range events.Items {
+		found = found || e.InvolvedObject.Name == key.Name && e.Reason == "ProvisioningStepFailed" && strings.Contains(e.Message, "mirror.example unreachable")
+	}
+	if !found {
+		t.Errorf("no ProvisioningStepFailed event with the step's output on machine %s", key.Name)
+	}
+
+	fixed := strings.Replace(broken, "    echo mirror.example unreachable >&2\n    exit 3\n", "    echo packages ready\n", 1)
+	if out, err := u.kubectlStdin(t, fixed, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply (fixed): %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 3*time.Minute, "the machine runs once its ConfigMap is fixed", func() error {
+		if err := c.Get(ctx, key, m); err != nil {
+			return err
+		}
+		if m.Status.Phase != clusterv1.MachinePhaseRunning {
+			return fmt.Errorf("phase %s, conditions %v", m.Status.Phase, m.Status.Conditions)
+		}
+		return nil
+	})
+	if err := c.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*time.Minute, "the templated machine deleted", func() error {
+		if err := c.Get(ctx, key, m); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
 }
