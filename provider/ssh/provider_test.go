@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -265,5 +266,58 @@ func TestFaultsNameTheHostAndTheCause(t *testing.T) {
 	}
 	if got := strings.TrimSpace(hs.ssh(t, 2, "ls -A /var/lib/marina")); got != "" {
 		t.Errorf("host 2 holds %q after failed logins, want nothing", got)
+	}
+}
+
+// TestConcurrentClaimsGiveOneHostToOneMachine: four controllers (providers
+// with state of their own) create four machines at once for the one
+// worker host: exactly one gets it, the others are told who holds it.
+func TestConcurrentClaimsGiveOneHostToOneMachine(t *testing.T) {
+	ctx := context.Background()
+	hs := startHosts(t, 2)
+	ns := env.Namespace(t)
+	hs.apply(t, ns)
+	spec := workerSpec(t, "")
+	const n = 4
+	provs := make([]*sshprov.Provider, n)
+	for i := range provs {
+		provs[i] = newProvider(t, t.TempDir())
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = provs[i].Create(ctx, workerRequest(ns, "m", uid("00000000000"+string(rune('1'+i))), spec))
+		})
+	}
+	close(start)
+	wg.Wait()
+	winner := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && winner >= 0:
+			t.Errorf("machines %d and %d both got the host", winner, i)
+		case err == nil:
+			winner = i
+		case !sshprov.IsNoFreeHost(err):
+			t.Errorf("machine %d: %v, want no free host", i, err)
+		}
+	}
+	if winner < 0 {
+		t.Fatalf("no machine got the host: %v", errs)
+	}
+	want := uid("00000000000" + string(rune('1'+winner)))
+	if got := strings.TrimSpace(hs.ssh(t, 2, "cat /var/lib/marina/claim/uid")); got != string(want) {
+		t.Errorf("the host's claim names %q, want the winner %s", got, want)
+	}
+	for i := range n {
+		if err := provs[i].Delete(ctx, uid("00000000000"+string(rune('1'+i)))); err != nil {
+			t.Errorf("Delete %d: %v", i, err)
+		}
+	}
+	if got := strings.TrimSpace(hs.ssh(t, 2, "ls -A /var/lib/marina")); got != "log" {
+		t.Errorf("host 2 keeps %q, want only the log", got)
 	}
 }
