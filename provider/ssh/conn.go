@@ -126,7 +126,9 @@ func (c *conn) Close() error { return c.client.Close() }
 
 // run runs cmd through the user's shell with stdin, and returns its
 // combined output. A non-zero exit is an error wrapping *ssh.ExitError.
-// When ctx ends the session is closed, which ends the command's shell.
+// When ctx ends the session is closed and run returns at once; the
+// command may go on running on the host (nothing signals a command without
+// a terminal), which runStep deals with.
 func (c *conn) run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
 	s, err := c.client.NewSession()
 	if err != nil {
@@ -140,8 +142,10 @@ func (c *conn) run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 	select {
 	case err = <-done:
 	case <-ctx.Done():
+		// Not waiting for Run: sshd closes the channel only once the
+		// command's output ends, which a stuck step may never do. Run
+		// returns when the caller closes the connection.
 		s.Close()
-		<-done
 		return out.bytes(), ctx.Err()
 	}
 	return out.bytes(), err

@@ -3,6 +3,8 @@ package ssh_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,8 +15,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/controller/safety"
+	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/provider"
 	sshprov "marina.dev/marina/provider/ssh"
 )
@@ -320,4 +326,96 @@ func TestConcurrentClaimsGiveOneHostToOneMachine(t *testing.T) {
 	if got := strings.TrimSpace(hs.ssh(t, 2, "ls -A /var/lib/marina")); got != "log" {
 		t.Errorf("host 2 keeps %q, want only the log", got)
 	}
+}
+
+// TestKilledMidProvisioningKeepsItsHostAndAnOrphanIsReleased: a controller
+// killed while a machine's step runs (its context ends, its SSH session
+// with it) leaves the host claimed; the next controller's Create takes the
+// same host and claims no other. The machine never had a Machine: the
+// safety controller finds its claim through MachineUIDs and releases the
+// host.
+func TestKilledMidProvisioningKeepsItsHostAndAnOrphanIsReleased(t *testing.T) {
+	ctx := context.Background()
+	hs := startHosts(t, 3) // host 1: control-plane; 2 and 3: workers
+	ns := env.Namespace(t)
+	hs.apply(t, ns)
+	state := t.TempDir()
+	tmpl := sshprov.DefaultTemplates().Data
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "slow"}, Data: map[string]string{
+		"provision-10-check.sh":        tmpl["provision-10-check.sh"],
+		"provision-15-wait.sh":         "echo waiting for the mirror\nsleep 600\n",
+		"provision-20-start-agent.sh":  tmpl["provision-20-start-agent.sh"],
+		"deprovision-10-stop-agent.sh": tmpl["deprovision-10-stop-agent.sh"],
+		"deprovision-20-remove.sh":     tmpl["deprovision-20-remove.sh"],
+	}}
+	if err := env.Client.Create(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	id := uid("0000000000k1")
+	req := workerRequest(ns, "k", id, workerSpec(t, "slow"))
+
+	killed, kill := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { _, err := newProvider(t, state).Create(killed, req); done <- err }()
+	claimed := 0
+	testenv.Eventually(t, time.Minute, "the machine's step runs on a claimed host", func() error {
+		for i := 2; i <= 3; i++ {
+			if strings.Contains(hs.ssh(t, i, "cat /var/lib/marina/log/provision.log 2>/dev/null; true"), "waiting for the mirror") {
+				claimed = i
+				return nil
+			}
+		}
+		return errors.New("no step runs yet")
+	})
+	kill()
+	if err := <-done; err == nil {
+		t.Fatal("Create succeeded though its controller was killed")
+	}
+
+	cm.Data["provision-15-wait.sh"] = "echo mirror ready\n"
+	if err := env.Client.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	p := newProvider(t, state)
+	inst, err := p.Create(ctx, req)
+	if err != nil {
+		t.Fatalf("Create after the restart: %v", err)
+	}
+	if want := fmt.Sprintf("10.78.0.%d", 10+claimed); inst.Addresses[0].Address != want {
+		t.Errorf("after the restart the machine is on %s, want its host %s", inst.Addresses[0].Address, want)
+	}
+	// The killed controller's step does not run on: nothing but the next
+	// attempt can stop it (an SSH command has no terminal to hang up).
+	if ps := hs.ssh(t, claimed, `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done`); strings.Contains(ps, "sleep 600") {
+		t.Errorf("the killed attempt's step still runs on host %d:\n%s", claimed, ps)
+	}
+	other := 5 - claimed
+	if got := strings.TrimSpace(hs.ssh(t, other, "cat /var/lib/marina/claim/uid 2>/dev/null; true")); got != "" {
+		t.Errorf("host %d was claimed too, by %q", other, got)
+	}
+
+	// No Machine has this UID: the safety controller releases the host.
+	registry, err := provider.NewRegistry(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := safety.SetupWithManager(mgr, safety.Options{Providers: registry, Period: 500 * time.Millisecond, Grace: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	mgrCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = mgr.Start(mgrCtx) }()
+	testenv.Eventually(t, time.Minute, "the orphan's host released", func() error {
+		if got := strings.TrimSpace(hs.ssh(t, claimed, "ls -A /var/lib/marina")); got != "log" {
+			return fmt.Errorf("host %d holds %q", claimed, got)
+		}
+		if uids, err := p.MachineUIDs(ctx); err != nil || len(uids) > 0 {
+			return fmt.Errorf("MachineUIDs = %v, %v", uids, err)
+		}
+		return nil
+	})
 }

@@ -28,6 +28,9 @@ import (
 // agentBinary is the name of the marina binary on the host.
 const agentBinary = "marina"
 
+// stepPGIDFile holds the process group of the step running on the host.
+const stepPGIDFile = HostDir + "/.step.pgid"
+
 // agentRunning reports whether the machine's agent holds its lock on the
 // host.
 func agentRunning(ctx context.Context, c *conn) (bool, error) {
@@ -250,8 +253,17 @@ func localSum(path string) (string, error) {
 // it came from and how it ended, with its last lines.
 func (p *Provider) runStep(ctx context.Context, c *conn, uid types.UID, rec *record, s Step) error {
 	header := fmt.Sprintf("==== %s machine %s/%s step %s", time.Now().UTC().Format(time.RFC3339), rec.Namespace, rec.Name, s.Name)
-	inner := fmt.Sprintf("mkdir -p %s && set -o pipefail && { echo %s; bash -s; } 2>&1 | tee -a %s",
-		logDir, shellQuote(header), LogFile)
+	// The step runs in a process group of its own, recorded: a step whose
+	// controller died (its SSH session closed; without a terminal nothing
+	// signals the step) is killed before the next one runs, so that no
+	// half-run step is left on the host.
+	inner := fmt.Sprintf(`mkdir -p %[1]s
+if [ -s %[2]s ]; then kill -KILL -- "-$(cat %[2]s)" 2>/dev/null; rm -f %[2]s; fi
+set -o pipefail
+{ echo %[3]s; setsid bash -c 'echo $$ > %[2]s; exec bash -s'; } 2>&1 | tee -a %[4]s
+rc=$?
+rm -f %[2]s
+exit $rc`, logDir, stepPGIDFile, shellQuote(header), LogFile)
 	out, err := c.run(ctx, "bash -c "+shellQuote(inner), strings.NewReader(s.Script))
 	tail := lastLines(out, 10)
 	if err != nil {
