@@ -419,3 +419,43 @@ func TestKilledMidProvisioningKeepsItsHostAndAnOrphanIsReleased(t *testing.T) {
 		return nil
 	})
 }
+
+// TestStageVersionsCopiesTheUpgradesBinaries: for an InPlace upgrade the
+// control-plane host gets the components of the new versions beside the
+// ones it runs; a worker needs nothing; a machine with no host is not
+// found.
+func TestStageVersionsCopiesTheUpgradesBinaries(t *testing.T) {
+	ctx := context.Background()
+	hs := startHosts(t, 2)
+	ns := env.Namespace(t)
+	hs.apply(t, ns)
+	state := t.TempDir()
+	p := newProvider(t, state)
+	id := uid("0000000000s1")
+	// A control-plane machine holding host 1, as Create leaves it.
+	hs.ssh(t, 1, "mkdir -p /var/lib/marina/claim && echo "+string(id)+" > /var/lib/marina/claim/uid")
+	host := map[string]any{"Address": "10.78.0.11", "Port": 22, "User": "root"}
+	rec, _ := json.Marshal(map[string]any{"Namespace": ns, "Name": "cp", "ControlPlane": true, "Host": host,
+		"Spec": map[string]any{"hostsRef": map[string]string{"name": "ssh-hosts"}, "secretRef": map[string]string{"name": "ssh-hosts"}}})
+	if err := os.WriteFile(filepath.Join(state, string(id)+".json"), rec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := provider.Versions{Kubelet: "v1.36.3", ControlPlane: clusterv1.ComponentVersions{APIServer: "v1.36.3", ControllerManager: "v1.36.3", Scheduler: "v1.36.3"}}
+	if err := p.StageVersions(ctx, id, v); err != nil {
+		t.Fatalf("StageVersions: %v", err)
+	}
+	got := strings.Fields(hs.ssh(t, 1, "ls /var/lib/marina/bin"))
+	want := []string{"kube-apiserver-v1.36.3", "kube-controller-manager-v1.36.3", "kube-scheduler-v1.36.3"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("host 1's bin holds %v, want %v", got, want)
+	}
+	if err := p.StageVersions(ctx, uid("0000000000s2"), v); !provider.IsNotFound(err) {
+		t.Errorf("StageVersions of an unknown machine = %v, want NotFound", err)
+	}
+	if err := p.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(hs.ssh(t, 1, "ls -A /var/lib/marina")); got != "log" {
+		t.Errorf("host 1 keeps %q, want only the log", got)
+	}
+}
