@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -125,6 +126,9 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 
 	t.Run("a failing step is named and a fixed ConfigMap is used", func(t *testing.T) {
 		failingStepThenFixed(t, ctx, u, c)
+	})
+	t.Run("a local worker joins the control plane on a host", func(t *testing.T) {
+		localWorkerJoins(t, ctx, u, c, key)
 	})
 
 	if out, err := u.kubectl(t, "delete", "-f", filepath.Join(u.repoRoot(t), "examples", "ssh"), "--wait=false"); err != nil {
@@ -256,6 +260,60 @@ spec:
 	}
 	testenv.Eventually(t, 2*time.Minute, "the templated machine deleted", func() error {
 		if err := c.Get(ctx, key, m); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+}
+
+// localWorkerJoins adds a worker of the local provider to cluster ssh: the
+// two providers side by side in one cluster, its agent reaching the
+// control plane on the host through the bridge.
+func localWorkerJoins(t *testing.T, ctx context.Context, u *upProcess, c client.Client, key types.NamespacedName) {
+	const worker = `apiVersion: cluster.marina.dev/v1alpha1
+kind: Machine
+metadata:
+  name: ssh-local-worker
+  namespace: default
+  labels: {cluster.marina.dev/cluster-name: ssh}
+spec:
+  clusterName: ssh
+  roles: [Worker]
+  versions: {kubelet: v1.37.2}
+  providerSpec:
+    apiVersion: local.marina.dev/v1alpha1
+    kind: LocalMachine
+    spec: {cpu: 2, memory: 4Gi}
+`
+	if out, err := u.kubectlStdin(t, worker, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	mkey := types.NamespacedName{Namespace: "default", Name: "ssh-local-worker"}
+	m := &clusterv1.Machine{}
+	testenv.Eventually(t, 2*time.Minute, "the local worker runs with a Ready Node", func() error {
+		if err := c.Get(ctx, mkey, m); err != nil {
+			return err
+		}
+		if m.Status.Phase != clusterv1.MachinePhaseRunning || m.Status.NodeRef == nil {
+			return fmt.Errorf("phase %s, conditions %v", m.Status.Phase, m.Status.Conditions)
+		}
+		n, err := workloadClient(t, ctx, c, key).CoreV1().Nodes().Get(ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !nodeReady(n) {
+			return fmt.Errorf("node %s not Ready", n.Name)
+		}
+		return nil
+	})
+	if !strings.HasPrefix(m.Status.ProviderID, "local://") {
+		t.Errorf("providerID %q, want local://", m.Status.ProviderID)
+	}
+	if err := c.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*time.Minute, "the local worker deleted", func() error {
+		if err := c.Get(ctx, mkey, m); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (%v)", err)
 		}
 		return nil
