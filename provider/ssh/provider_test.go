@@ -273,6 +273,31 @@ func TestFaultsNameTheHostAndTheCause(t *testing.T) {
 	if got := strings.TrimSpace(hs.ssh(t, 2, "ls -A /var/lib/marina")); got != "" {
 		t.Errorf("host 2 holds %q after failed logins, want nothing", got)
 	}
+
+	t.Run("disk full", func(t *testing.T) {
+		binDir, err := testenv.BinDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// More room than any test host has: the default check step refuses.
+		full, err := sshprov.New(sshprov.Options{StateDir: t.TempDir(), AgentBinary: marina(t), BinDir: binDir, Client: env.Client, MinFreeKiB: 1 << 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := uid("0000000000d1")
+		_, err = full.Create(ctx, workerRequest(ns, "d", id, machine("ssh-hosts", host2)))
+		for _, w := range []string{"host " + hostAddr(2), "step 10-check", "KiB free under /var/lib/marina", "free some space"} {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("Create on a full host = %v, want it to say %q", err, w)
+			}
+		}
+		if err := full.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(hs.ssh(t, 2, "ls -A /var/lib/marina")); got != "log" {
+			t.Errorf("host 2 keeps %q after Delete, want only the log", got)
+		}
+	})
 }
 
 // TestConcurrentClaimsGiveOneHostToOneMachine: four controllers (providers
