@@ -130,5 +130,5 @@ type VersionFacts struct {
 	ControlPlane, Etcd string
 }
 
-// stepName is the Name of a step for logs (without the source).
+// String is the step's name, for logs.
 func (s Step) String() string { return strings.TrimSpace(s.Name) }
