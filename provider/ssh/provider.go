@@ -483,6 +483,9 @@ type record struct {
 	Host *Host `json:",omitempty"`
 	// Claiming is the host it is claiming, until Host is set.
 	Claiming *Host `json:",omitempty"`
+	// Versions are the versions it was provisioned with, for the steps
+	// Start runs again.
+	Versions VersionFacts
 }
 
 func (p *Provider) recordPath(uid types.UID) string {

@@ -484,3 +484,51 @@ func TestStageVersionsCopiesTheUpgradesBinaries(t *testing.T) {
 		t.Errorf("host 1 keeps %q, want only the log", got)
 	}
 }
+
+// TestStartRunsAKilledAgentAgain: a worker whose agent was killed is
+// Stopped; Start with no fresh credential is refused (it never got its node
+// certificate: the cluster is not there), with one it runs again on the
+// same host.
+func TestStartRunsAKilledAgentAgain(t *testing.T) {
+	ctx := context.Background()
+	hs := startHosts(t, 2)
+	ns := env.Namespace(t)
+	hs.apply(t, ns)
+	p := newProvider(t, t.TempDir())
+	id := uid("0000000000r1")
+	req := workerRequest(ns, "r", id, workerSpec(t, ""))
+	if _, err := p.Create(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	before := strings.TrimSpace(hs.ssh(t, 2, "cat /var/lib/marina/machine/agent.pid"))
+	hs.ssh(t, 2, "kill -9 "+before)
+	testenv.Eventually(t, 30*time.Second, "the machine Stopped", func() error {
+		inst, err := p.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		if inst.State != provider.InstanceStopped {
+			return fmt.Errorf("state %s", inst.State)
+		}
+		return nil
+	})
+	if _, err := p.Start(ctx, id, nil); !provider.IsBootstrapNeeded(err) {
+		t.Fatalf("Start with no credential = %v, want BootstrapNeeded", err)
+	}
+	inst, err := p.Start(ctx, id, &req.Bootstrap)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if inst.State != provider.InstanceRunning || inst.Addresses[0].Address != "10.78.0.12" {
+		t.Errorf("Start = %+v, want Running on 10.78.0.12", inst)
+	}
+	if after := strings.TrimSpace(hs.ssh(t, 2, "cat /var/lib/marina/machine/agent.pid")); after == before {
+		t.Errorf("the agent's pid is still %s", after)
+	}
+	if got, err := p.Get(ctx, id); err != nil || got.State != provider.InstanceRunning {
+		t.Errorf("Get after Start = %+v, %v; want Running", got, err)
+	}
+	if err := p.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -92,6 +92,10 @@ func (p *Provider) provision(ctx context.Context, c *conn, req *provider.Request
 			bins = append(bins, name+"-"+cfg.Version)
 		}
 	}
+	rec.Versions = facts.Versions
+	if err := p.writeRecord(req.UID, rec); err != nil {
+		return err
+	}
 	// The templates first: a broken one fails before anything is copied.
 	tmpls, err := p.templates(ctx, rec.Namespace, rec.Spec.TemplatesRef)
 	if err != nil {
