@@ -76,6 +76,11 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 	// A fourth host for the machine whose provisioning fails, below.
 	manifests, onHost := sshHosts(t, 4)
 	u, _, c := startUpWithClient(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("marina up's output, the provider's lines:\n%s", grepLines(u.out.String(), `provider="ssh"`, "ssh-worker", "ssh-control-plane"))
+		}
+	})
 	ctx := context.Background()
 	if out, err := u.kubectlStdin(t, manifests, "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply -f - (the hosts): %v\n%s", err, out)
@@ -91,7 +96,10 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 		if !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ReadyCondition) {
 			return fmt.Errorf("not Ready: %v", cluster.Status.Conditions)
 		}
-		return machinesRunning(ctx, c, 3)
+		if err := machinesRunning(ctx, c, 3); err != nil {
+			return fmt.Errorf("%w: %s", err, machineStates(ctx, c))
+		}
+		return nil
 	})
 	t.Logf("examples/ssh: Ready %.1fs after kubectl apply", time.Since(applied).Seconds())
 	checkNodes(t, ctx, workloadClient(t, ctx, c, key))
@@ -318,4 +326,40 @@ spec:
 		}
 		return nil
 	})
+}
+
+// machineStates says each machine's phase and its conditions that are not
+// True, for a failure's message.
+func machineStates(ctx context.Context, c client.Client) string {
+	var list clusterv1.MachineList
+	if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, m := range list.Items {
+		fmt.Fprintf(&b, "\n%s %s %s", m.Name, m.Status.Phase, m.Status.ProviderID)
+		for _, cond := range m.Status.Conditions {
+			if cond.Status != metav1.ConditionTrue {
+				fmt.Fprintf(&b, "\n  %s=%s %s: %s", cond.Type, cond.Status, cond.Reason, cond.Message)
+			}
+		}
+	}
+	return b.String()
+}
+
+// grepLines keeps the last 200 lines of s holding any of words.
+func grepLines(s string, words ...string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	if len(out) > 200 {
+		out = out[len(out)-200:]
+	}
+	return strings.Join(out, "\n")
 }
