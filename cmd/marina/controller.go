@@ -23,7 +23,7 @@ import (
 )
 
 func newControllerCommand() *cobra.Command {
-	var kubeconfig, localDir, binDir, webhookService, webhookHost string
+	var kubeconfig, localDir, sshDir, binDir, webhookService, webhookHost string
 	webhookPort := 9443
 	// The serving key is kept in the state directory (mode 0700), never
 	// under a fixed name in the shared /tmp, where another local user could
@@ -67,6 +67,13 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 					return err
 				}
 				opts.Providers = append(opts.Providers, local)
+			}
+			if sshDir != "" {
+				hosts, err := newSSHProvider(sshDir, binDir)
+				if err != nil {
+					return err
+				}
+				opts.Providers = append(opts.Providers, hosts)
 			}
 			for _, k := range externalKinds {
 				gvk, err := provider.ParseKind(k)
@@ -127,7 +134,8 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.BoolVar(&opts.LeaderElection, "leader-elect", opts.LeaderElection, "elect a leader among replicas")
 	f.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader election Lease")
 	f.StringVar(&localDir, "local-provider-dir", "", "run the local provider, keeping machine sandboxes in this directory (empty: no local provider)")
-	f.StringVar(&binDir, "bin-dir", envOr("MARINA_BIN_DIR", defaultBinDir()), "directory holding the components make setup built: the control-plane versions the local provider can run (env MARINA_BIN_DIR)")
+	f.StringVar(&sshDir, "ssh-provider-dir", "", "run the SSH provider (kind SSHMachine), keeping its record of which host each machine holds in this directory (empty: no SSH provider)")
+	f.StringVar(&binDir, "bin-dir", envOr("MARINA_BIN_DIR", defaultBinDir()), "directory holding the components make setup built: the control-plane versions the local provider can run and the SSH provider copies to hosts (env MARINA_BIN_DIR)")
 	f.BoolVar(&opts.ReportUnowned, "report-unowned", true, "report machines whose providerSpec kind no provider owns (leave it on in exactly one controller)")
 	f.StringSliceVar(&externalKinds, "external-provider-kinds", nil, "providerSpec kinds owned by provider processes elsewhere, as group/version/Kind (not reported as unowned)")
 	f.IntVar(&webhookPort, "webhook-port", webhookPort, "port of the admission webhook the API server calls to check marina's objects (0: serve none)")

@@ -27,6 +27,7 @@ import (
 	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
 	"marina.dev/marina/provider/local"
+	sshprov "marina.dev/marina/provider/ssh"
 	"marina.dev/marina/tools"
 )
 
@@ -134,11 +135,15 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile,
 	if err != nil {
 		return err
 	}
+	hosts, err := newSSHProvider(filepath.Join(opts.StateDir, "ssh-machines"), opts.BinDir)
+	if err != nil {
+		return err
+	}
 	certDir, certName, keyName := p.WebhookCert()
 	mgr, err := manager.New(ctx, p.Config(), manager.Options{
 		MetricsAddr:   "0",
 		HealthAddr:    "0",
-		Providers:     []provider.Provider{local},
+		Providers:     []provider.Provider{local, hosts},
 		ReportUnowned: true,
 		Webhook: &manager.WebhookOptions{
 			Host: "127.0.0.1", Port: opts.WebhookPort,
@@ -216,4 +221,15 @@ func newLocalProvider(root, binDir, planeID string) (*local.Provider, error) {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
 	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"}, BinDir: binDir, Plane: planeID})
+}
+
+// newSSHProvider keeps its records of machines under stateDir and copies
+// this very binary to hosts as their node agent; binDir holds the
+// control-plane components it copies.
+func newSSHProvider(stateDir, binDir string) (*sshprov.Provider, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
+	}
+	return sshprov.New(sshprov.Options{StateDir: stateDir, AgentBinary: exe, BinDir: binDir})
 }

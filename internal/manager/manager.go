@@ -72,6 +72,12 @@ type WebhookOptions struct {
 	CertDir, CertName, KeyName string
 }
 
+// managerUser is implemented by a provider that needs the manager: its
+// clients, its event recorder.
+type managerUser interface {
+	SetupWithManager(mgr ctrl.Manager) error
+}
+
 // LeaderElectionID names the Lease the replicas compete for.
 const LeaderElectionID = "marina-controller-manager"
 
@@ -128,6 +134,16 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating controller manager: %w", err)
+	}
+	// A provider that reads the management plane (the SSH provider reads
+	// the Secrets and ConfigMaps its machines name) or records events gets
+	// the manager first.
+	for _, p := range opts.Providers {
+		if s, ok := p.(managerUser); ok {
+			if err := s.SetupWithManager(mgr); err != nil {
+				return nil, fmt.Errorf("setting provider %s up: %w", p.Name(), err)
+			}
+		}
 	}
 	if err := setupControllers(ctx, mgr, registry, opts); err != nil {
 		return nil, err

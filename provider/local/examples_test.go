@@ -1,4 +1,4 @@
-package local
+package local_test
 
 import (
 	"os"
@@ -7,18 +7,23 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/class"
 	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/provider"
+	"marina.dev/marina/provider/local"
+	sshprov "marina.dev/marina/provider/ssh"
 )
 
 // Every machine the examples describe (Machines, MachineSet and
-// MachineDeployment templates, the Cluster's control plane) must be one the
-// local provider accepts once its class is merged: an example that fails on
-// the first `kubectl apply` teaches the wrong thing.
-func TestExampleMachinesAreValidLocalMachines(t *testing.T) {
+// MachineDeployment templates, the Cluster's control plane) must be one its
+// provider (local, or ssh for examples/ssh) accepts once its class is
+// merged: an example that fails on the first `kubectl apply` teaches the
+// wrong thing.
+func TestExampleMachinesAreValid(t *testing.T) {
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +79,10 @@ func TestExampleMachinesAreValidLocalMachines(t *testing.T) {
 	if len(machines) == 0 {
 		t.Fatal("the examples describe no machines")
 	}
-	p := &Provider{}
+	registry, err := provider.NewRegistry(&local.Provider{}, &sshprov.Provider{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, m := range machines {
 		var mc *clusterv1.MachineClass
 		if m.spec.ClassRef != nil {
@@ -88,8 +96,18 @@ func TestExampleMachinesAreValidLocalMachines(t *testing.T) {
 			t.Errorf("%s: merging its class: %v", m.where, err)
 			continue
 		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(resolved.ProviderSpec.Raw, &tm); err != nil {
+			t.Errorf("%s: %v", m.where, err)
+			continue
+		}
+		p := registry.For(tm.GroupVersionKind())
+		if p == nil {
+			t.Errorf("%s: no provider owns kind %s", m.where, tm.GroupVersionKind())
+			continue
+		}
 		if err := p.Validate(resolved.ProviderSpec.Raw); err != nil {
-			t.Errorf("%s: the local provider refuses it: %v", m.where, err)
+			t.Errorf("%s: the %s provider refuses it: %v", m.where, p.Name(), err)
 		}
 	}
 }

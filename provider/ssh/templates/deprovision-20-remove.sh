@@ -1,0 +1,5 @@
+# Removes what the machine left on the host but the provisioning log
+# ({{.LogDir}}).
+set -eu
+rm -rf {{.SandboxDir}} {{.BinDir}}
+echo "removed {{.SandboxDir}} and {{.BinDir}}"

@@ -1,0 +1,365 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/testenv"
+)
+
+// sshHosts starts n hosts with tools/ssh-hosts, as the docs do (its
+// default names and addresses: examples/ssh names 10.77.0.11), and
+// returns the manifests it printed and a way to run a command on host i.
+// The hosts and everything they ran go when the test ends.
+func sshHosts(t *testing.T, n int) (manifests string, onHost func(i int, command string) string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("tools/ssh-hosts needs root (network namespaces, sshd)")
+	}
+	repo, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "hosts")
+	tool := filepath.Join(repo, "tools", "ssh-hosts")
+	env := append(os.Environ(), "MARINA_SSH_HOSTS_DIR="+dir)
+	up := exec.Command(tool, "up", fmt.Sprint(n))
+	up.Env = env
+	var stderr strings.Builder
+	up.Stderr = &stderr
+	out, err := up.Output()
+	t.Cleanup(func() {
+		down := exec.Command(tool, "down")
+		down.Env = env
+		if out, err := down.CombinedOutput(); err != nil {
+			t.Errorf("tools/ssh-hosts down: %v\n%s", err, out)
+		}
+	})
+	if err != nil {
+		t.Fatalf("tools/ssh-hosts up %d: %v\n%s", n, err, stderr.String())
+	}
+	return string(out), func(i int, command string) string {
+		t.Helper()
+		out, err := exec.Command("ssh", "-q", "-o", "BatchMode=yes", "-o", "UserKnownHostsFile="+filepath.Join(dir, "known_hosts"),
+			"-i", filepath.Join(dir, "id_ed25519"), fmt.Sprintf("root@10.77.0.%d", 10+i), command).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ssh host %d %q: %v\n%s", i, command, err, out)
+		}
+		return string(out)
+	}
+}
+
+// The issue's path for servers people own: tools/ssh-hosts up | kubectl
+// apply -f -, then kubectl apply -f examples/ssh/: the control plane (real
+// etcd and Kubernetes components) on one host, a worker on each of two
+// others, Ready, three Ready Nodes through the cluster's kubeconfig. A
+// worker whose operator template fails on its second step names the step
+// and its output in its condition and events; fixing the ConfigMap lets the
+// next attempt succeed. Deleting the cluster leaves every host released,
+// with no process of the machine and no file but the provisioning log.
+func TestSSHHostsRunTheExampleCluster(t *testing.T) {
+	// A fourth host for the machine whose provisioning fails, below.
+	manifests, onHost := sshHosts(t, 4)
+	u, _, c := startUpWithClient(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("marina up's output, the provider's lines:\n%s", grepLines(u.out.String(), `provider="ssh"`, "ssh-worker", "ssh-control-plane"))
+		}
+	})
+	ctx := context.Background()
+	if out, err := u.kubectlStdin(t, manifests, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply -f - (the hosts): %v\n%s", err, out)
+	}
+	applied := time.Now()
+	u.applyExample(t, "ssh")
+	key := types.NamespacedName{Namespace: "default", Name: "ssh"}
+	cluster := &clusterv1.Cluster{}
+	testenv.Eventually(t, 6*time.Minute, "cluster ssh Ready with its 3 machines Running", func() error {
+		if err := c.Get(ctx, key, cluster); err != nil {
+			return err
+		}
+		if !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ReadyCondition) {
+			return fmt.Errorf("not Ready: %v", cluster.Status.Conditions)
+		}
+		if err := machinesRunning(ctx, c, 3); err != nil {
+			return fmt.Errorf("%w: %s", err, machineStates(ctx, c))
+		}
+		return nil
+	})
+	t.Logf("examples/ssh: Ready %.1fs after kubectl apply", time.Since(applied).Seconds())
+	checkNodes(t, ctx, workloadClient(t, ctx, c, key))
+
+	// One machine per host, the control plane on host 1.
+	var machines clusterv1.MachineList
+	if err := c.List(ctx, &machines, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	hosts := map[string]bool{}
+	for _, m := range machines.Items {
+		addr := ""
+		for _, a := range m.Status.Addresses {
+			if a.Type == clusterv1.MachineInternalIP {
+				addr = a.Address
+			}
+		}
+		hosts[addr] = true
+		if slices.Contains(m.Spec.Roles, clusterv1.ControlPlaneRole) && addr != "10.77.0.11" {
+			t.Errorf("control-plane machine %s is on %q, want 10.77.0.11 (the host labelled role=control-plane)", m.Name, addr)
+		}
+		if !strings.HasPrefix(m.Status.ProviderID, "ssh://") {
+			t.Errorf("machine %s has providerID %q, want ssh://", m.Name, m.Status.ProviderID)
+		}
+	}
+	if len(hosts) != 3 {
+		t.Errorf("the machines are on hosts %v, want one on each of 3", hosts)
+	}
+	if got := strings.TrimSpace(onHost(1, "stat -c %a /var/lib/marina/machine/controlplane.json")); got != "600" {
+		t.Errorf("the control-plane bundle has mode %s on host 1, want 600", got)
+	}
+
+	t.Run("a failing step is named and a fixed ConfigMap is used", func(t *testing.T) {
+		failingStepThenFixed(t, ctx, u, c)
+	})
+	t.Run("a local worker joins the control plane on a host", func(t *testing.T) {
+		localWorkerJoins(t, ctx, u, c, key)
+	})
+
+	if out, err := u.kubectl(t, "delete", "-f", filepath.Join(u.repoRoot(t), "examples", "ssh"), "--wait=false"); err != nil {
+		t.Fatalf("kubectl delete -f examples/ssh: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 3*time.Minute, "cluster ssh and its machines gone", func() error {
+		if err := c.Get(ctx, key, &clusterv1.Cluster{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("cluster still there (%v)", err)
+		}
+		var list clusterv1.MachineList
+		if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {
+			return err
+		}
+		if len(list.Items) > 0 {
+			return fmt.Errorf("%d machines left", len(list.Items))
+		}
+		return nil
+	})
+	for i := 1; i <= 4; i++ {
+		if got := strings.TrimSpace(onHost(i, "ls -A /var/lib/marina")); got != "log" {
+			t.Errorf("host %d keeps %q in /var/lib/marina, want only the provisioning log", i, got)
+		}
+		if ps := onHost(i, "for p in /proc/[0-9]*; do readlink $p/exe; done"); strings.Contains(ps, "/var/lib/marina") {
+			t.Errorf("processes of the machine still run on host %d:\n%s", i, ps)
+		}
+	}
+}
+
+func (u *upProcess) repoRoot(t *testing.T) string {
+	t.Helper()
+	repo, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return repo
+}
+
+// failingStepThenFixed adds a worker to cluster ssh whose templates (a
+// ConfigMap) fail on their second step, checks its condition and events
+// name the step with its output, fixes the ConfigMap and waits for the
+// worker to run.
+func failingStepThenFixed(t *testing.T, ctx context.Context, u *upProcess, c client.Client) {
+	const broken = `apiVersion: v1
+kind: ConfigMap
+metadata: {name: provisioning, namespace: default}
+data:
+  provision-10-check.sh: |
+    echo checking {{.Host.Address}}
+  provision-20-packages.sh: |
+    echo fetching packages for {{.Role}}
+    echo mirror.example unreachable >&2
+    exit 3
+  provision-30-start-agent.sh: |
+    cd {{.SandboxDir}}
+    setsid nohup {{.AgentCommand}} >>agent.log 2>&1 </dev/null &
+    echo $! > agent.pid
+  deprovision-10-stop.sh: |
+    kill -TERM -- -$(cat {{.SandboxDir}}/agent.pid) 2>/dev/null || true
+    sleep 1
+    kill -KILL -- -$(cat {{.SandboxDir}}/agent.pid) 2>/dev/null || true
+    rm -rf {{.SandboxDir}} {{.BinDir}}
+---
+apiVersion: cluster.marina.dev/v1alpha1
+kind: Machine
+metadata:
+  name: ssh-worker-templated
+  namespace: default
+  labels: {cluster.marina.dev/cluster-name: ssh}
+spec:
+  clusterName: ssh
+  roles: [Worker]
+  versions: {kubelet: v1.37.2}
+  providerSpec:
+    apiVersion: ssh.marina.dev/v1alpha1
+    kind: SSHMachine
+    spec:
+      hostsRef: {name: ssh-hosts}
+      hostSelector: {role: worker}
+      secretRef: {name: ssh-hosts}
+      templatesRef: {name: provisioning}
+`
+	if out, err := u.kubectlStdin(t, broken, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	key := types.NamespacedName{Namespace: "default", Name: "ssh-worker-templated"}
+	m := &clusterv1.Machine{}
+	testenv.Eventually(t, 2*time.Minute, "the machine's condition names the failing step and its output", func() error {
+		if err := c.Get(ctx, key, m); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineProvisionedCondition)
+		if cond == nil {
+			return fmt.Errorf("no %s condition yet", clusterv1.MachineProvisionedCondition)
+		}
+		for _, want := range []string{"step 20-packages", "ConfigMap default/provisioning key provision-20-packages.sh", "exited with status 3", "fetching packages for worker", "mirror.example unreachable"} {
+			if !strings.Contains(cond.Message, want) {
+				return fmt.Errorf("%s condition %s: %q does not say %q", clusterv1.MachineProvisionedCondition, cond.Reason, cond.Message, want)
+			}
+		}
+		return nil
+	})
+	var events corev1.EventList
+	if err := c.List(ctx, &events, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range events.Items {
+		found = found || e.InvolvedObject.Name == key.Name && e.Reason == "ProvisioningStepFailed" && strings.Contains(e.Message, "mirror.example unreachable")
+	}
+	if !found {
+		t.Errorf("no ProvisioningStepFailed event with the step's output on machine %s", key.Name)
+	}
+
+	fixed := strings.Replace(broken, "    echo mirror.example unreachable >&2\n    exit 3\n", "    echo packages ready\n", 1)
+	if out, err := u.kubectlStdin(t, fixed, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply (fixed): %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 3*time.Minute, "the machine runs once its ConfigMap is fixed", func() error {
+		if err := c.Get(ctx, key, m); err != nil {
+			return err
+		}
+		if m.Status.Phase != clusterv1.MachinePhaseRunning {
+			return fmt.Errorf("phase %s, conditions %v", m.Status.Phase, m.Status.Conditions)
+		}
+		return nil
+	})
+	if err := c.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*time.Minute, "the templated machine deleted", func() error {
+		if err := c.Get(ctx, key, m); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+}
+
+// localWorkerJoins adds a worker of the local provider to cluster ssh: the
+// two providers side by side in one cluster, its agent reaching the
+// control plane on the host through the bridge.
+func localWorkerJoins(t *testing.T, ctx context.Context, u *upProcess, c client.Client, key types.NamespacedName) {
+	const worker = `apiVersion: cluster.marina.dev/v1alpha1
+kind: Machine
+metadata:
+  name: ssh-local-worker
+  namespace: default
+  labels: {cluster.marina.dev/cluster-name: ssh}
+spec:
+  clusterName: ssh
+  roles: [Worker]
+  versions: {kubelet: v1.37.2}
+  providerSpec:
+    apiVersion: local.marina.dev/v1alpha1
+    kind: LocalMachine
+    spec: {cpu: 2, memory: 4Gi}
+`
+	if out, err := u.kubectlStdin(t, worker, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	mkey := types.NamespacedName{Namespace: "default", Name: "ssh-local-worker"}
+	m := &clusterv1.Machine{}
+	testenv.Eventually(t, 2*time.Minute, "the local worker runs with a Ready Node", func() error {
+		if err := c.Get(ctx, mkey, m); err != nil {
+			return err
+		}
+		if m.Status.Phase != clusterv1.MachinePhaseRunning || m.Status.NodeRef == nil {
+			return fmt.Errorf("phase %s, conditions %v", m.Status.Phase, m.Status.Conditions)
+		}
+		n, err := workloadClient(t, ctx, c, key).CoreV1().Nodes().Get(ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !nodeReady(n) {
+			return fmt.Errorf("node %s not Ready", n.Name)
+		}
+		return nil
+	})
+	if !strings.HasPrefix(m.Status.ProviderID, "local://") {
+		t.Errorf("providerID %q, want local://", m.Status.ProviderID)
+	}
+	if err := c.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*time.Minute, "the local worker deleted", func() error {
+		if err := c.Get(ctx, mkey, m); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+}
+
+// machineStates says each machine's phase and its conditions that are not
+// True, for a failure's message.
+func machineStates(ctx context.Context, c client.Client) string {
+	var list clusterv1.MachineList
+	if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, m := range list.Items {
+		fmt.Fprintf(&b, "\n%s %s %s", m.Name, m.Status.Phase, m.Status.ProviderID)
+		for _, cond := range m.Status.Conditions {
+			if cond.Status != metav1.ConditionTrue {
+				fmt.Fprintf(&b, "\n  %s=%s %s: %s", cond.Type, cond.Status, cond.Reason, cond.Message)
+			}
+		}
+	}
+	return b.String()
+}
+
+// grepLines keeps the last 200 lines of s holding any of words.
+func grepLines(s string, words ...string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	if len(out) > 200 {
+		out = out[len(out)-200:]
+	}
+	return strings.Join(out, "\n")
+}
