@@ -13,6 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -58,6 +59,10 @@ type Options struct {
 	// Webhook serves marina's admission webhook (internal/webhook) from
 	// this manager; nil serves none.
 	Webhook *WebhookOptions
+	// SkipNameValidation lets a process build more than one manager (tests
+	// do): controller-runtime refuses a second controller of the same name,
+	// for its metrics.
+	SkipNameValidation bool
 }
 
 // WebhookOptions say where the admission webhook listens and which serving
@@ -131,6 +136,7 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		HealthProbeBindAddress:        opts.HealthAddr,
 		PprofBindAddress:              opts.PprofAddr,
 		WebhookServer:                 webhookServer,
+		Controller:                    config.Controller{SkipNameValidation: &opts.SkipNameValidation},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating controller manager: %w", err)

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/remote"
@@ -70,9 +71,11 @@ func TestNodeDeletionTimeoutBoundsAClusterThatFailsTheDrain(t *testing.T) {
 	if took := time.Since(deleted); took < bounded.Spec.NodeDeletionTimeout.Duration-time.Second {
 		t.Errorf("the bounded machine went on after %s, before its nodeDeletionTimeout", took)
 	}
+	// A merge patch: the controller writes the machine meanwhile.
 	live := mustGet(t, f, bounded)
+	release := client.MergeFrom(live.DeepCopy())
 	delete(live.Annotations, hook)
-	if err := mgmt.Client.Update(ctx, live); err != nil {
+	if err := mgmt.Client.Patch(ctx, live, release); err != nil {
 		t.Fatal(err)
 	}
 	f.waitGone(bounded, 45*time.Second)
