@@ -136,6 +136,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.StringVar(&localDir, "local-provider-dir", "", "run the local provider, keeping machine sandboxes in this directory (empty: no local provider)")
 	f.StringVar(&sshDir, "ssh-provider-dir", "", "run the SSH provider (kind SSHMachine), keeping its record of which host each machine holds in this directory (empty: no SSH provider)")
 	f.StringVar(&binDir, "bin-dir", envOr("MARINA_BIN_DIR", defaultBinDir()), "directory holding the components make setup built: the control-plane versions the local provider can run and the SSH provider copies to hosts (env MARINA_BIN_DIR)")
+	f.DurationVar(&opts.OrphanGrace, "orphan-grace", 2*time.Minute, "how long a machine or endpoint of a provider that no object names is left before it is removed")
 	f.BoolVar(&opts.ReportUnowned, "report-unowned", true, "report machines whose providerSpec kind no provider owns (leave it on in exactly one controller)")
 	f.StringSliceVar(&externalKinds, "external-provider-kinds", nil, "providerSpec kinds owned by provider processes elsewhere, as group/version/Kind (not reported as unowned)")
 	f.IntVar(&webhookPort, "webhook-port", webhookPort, "port of the admission webhook the API server calls to check marina's objects (0: serve none)")

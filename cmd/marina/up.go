@@ -37,6 +37,7 @@ func upLogFile(stateDir string) string { return filepath.Join(stateDir, "logs", 
 func newUpCommand() *cobra.Command {
 	var logFile string // empty with -v: the log goes to stderr
 	var machinesDir string
+	var orphanGrace time.Duration
 	pinned := tools.Pinned()
 	opts := plane.Options{
 		StateDir:    envOr("MARINA_STATE_DIR", defaultStateDir()),
@@ -86,7 +87,7 @@ instead, at verbosity N (-v 0 included).`,
 			if machinesDir == "" {
 				machinesDir = filepath.Join(opts.StateDir, "machines")
 			}
-			return runUp(ctx, cmd, opts, logFile, machinesDir)
+			return runUp(ctx, cmd, opts, logFile, machinesDir, orphanGrace)
 		},
 	}
 	f := cmd.Flags()
@@ -96,11 +97,12 @@ instead, at verbosity N (-v 0 included).`,
 	f.IntVar(&opts.APIPort, "api-port", opts.APIPort, "kube-apiserver port on 127.0.0.1")
 	f.IntVar(&opts.EtcdPort, "etcd-port", opts.EtcdPort, "etcd client port on 127.0.0.1 (the peer port is the next one)")
 	f.IntVar(&opts.WebhookPort, "webhook-port", opts.WebhookPort, "port on 127.0.0.1 of marina's admission webhook, which the API server calls to check every marina object")
+	f.DurationVar(&orphanGrace, "orphan-grace", 2*time.Minute, "how long a machine sandbox or endpoint that no object names is left before it is removed")
 	f.StringVar(&machinesDir, "machines-dir", "", "directory holding the local provider's machine sandboxes (default: machines in the state directory); a target of marina move on this host uses the source's")
 	return cmd
 }
 
-func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile, machinesDir string) error {
+func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile, machinesDir string, orphanGrace time.Duration) error {
 	out := cmd.OutOrStdout()
 	opts.Progress = out
 	p, err := plane.Start(ctx, opts)
@@ -145,6 +147,7 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile,
 		HealthAddr:    "0",
 		Providers:     []provider.Provider{local, hosts},
 		ReportUnowned: true,
+		OrphanGrace:   orphanGrace,
 		Webhook: &manager.WebhookOptions{
 			Host: "127.0.0.1", Port: opts.WebhookPort,
 			CertDir: certDir, CertName: certName, KeyName: keyName,

@@ -6,6 +6,7 @@ package manager
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -59,6 +60,10 @@ type Options struct {
 	// Webhook serves marina's admission webhook (internal/webhook) from
 	// this manager; nil serves none.
 	Webhook *WebhookOptions
+	// OrphanGrace is how long a provider machine or endpoint no object
+	// names is left before the safety controller removes it (0: its
+	// default, 2 minutes).
+	OrphanGrace time.Duration
 	// SkipNameValidation lets a process build more than one manager (tests
 	// do): controller-runtime refuses a second controller of the same name,
 	// for its metrics.
@@ -225,7 +230,7 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, registry *provider.
 	if _, err := machinehealthcheck.SetupWithManager(ctx, mgr, machinehealthcheck.Options{MaxConcurrentReconciles: 2}); err != nil {
 		return err
 	}
-	if err := safety.SetupWithManager(mgr, safety.Options{Providers: registry}); err != nil {
+	if err := safety.SetupWithManager(mgr, safety.Options{Providers: registry, Grace: opts.OrphanGrace}); err != nil {
 		return err
 	}
 	return nil

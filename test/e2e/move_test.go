@@ -51,9 +51,18 @@ func TestMoveHandsTheClustersToAnotherPlane(t *testing.T) {
 	}
 }
 
+// orphanGrace is both planes' --orphan-grace.
+const orphanGrace = 30 * time.Second
+
 func testMove(t *testing.T, stopAfter int) {
 	ctx := context.Background()
-	src, root, sc := startUpWithClient(t)
+	// A short orphan grace, so that the sweeps below judge the moved
+	// machines within the test.
+	srcDir := t.TempDir()
+	src := startUp(t, srcDir, "--orphan-grace", orphanGrace.String())
+	root := filepath.Join(srcDir, "machines")
+	t.Cleanup(func() { stopAgents(t, root) })
+	sc := mgmtClient(t, srcDir)
 	src.applyExample(t, "minimal")
 	src.applyExample(t, "workers")
 	key := types.NamespacedName{Namespace: "default", Name: "minimal"}
@@ -69,7 +78,7 @@ func testMove(t *testing.T, stopAfter int) {
 	})
 
 	tgtDir := t.TempDir()
-	tgt := startUp(t, tgtDir, "--machines-dir", root)
+	tgt := startUp(t, tgtDir, "--machines-dir", root, "--orphan-grace", orphanGrace.String())
 	tc := mgmtClient(t, tgtDir)
 
 	before := fleet(t, root)
@@ -108,8 +117,8 @@ func testMove(t *testing.T, stopAfter int) {
 	}
 	t.Logf("marina move took %s:\n%s", time.Since(start).Round(time.Second), out)
 	// Canaries: a sandbox and an endpoint the source manages and no object
-	// names, which the source's orphan sweep removes after its grace (2
-	// minutes). Their names sort last, and a sweep removes in name order,
+	// names, which the source's orphan sweep removes after its grace
+	// (orphanGrace). Their names sort last, and a sweep removes in name order,
 	// machines before endpoints: once both are gone, the sweep has judged
 	// the moved machines and endpoint too, unknown to it for longer.
 	srcNS := &corev1.Namespace{}
