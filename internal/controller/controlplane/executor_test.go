@@ -409,6 +409,28 @@ func TestMemberOfNoMachineIsRemovedWhenQuorumHolds(t *testing.T) {
 			t.Fatalf("members removed: %x; want none while c-cp-1 is being made", got)
 		}
 	})
+	t.Run("not while a made machine's address is not recorded yet", func(t *testing.T) {
+		// A provider may answer with the machine's ID before its address
+		// (a cloud assigns the IP later): the machine is made, its member
+		// joining (a learner, named once it starts), and nothing on the
+		// Machine ties the member to it yet.
+		w := newWorld(t, 2)
+		w.machine("c-cp-0", "127.0.9.1", "v1.37.2")
+		m := w.machine("c-cp-1", "", "v1.37.2")
+		m.Status.ProviderID = "local://c-cp-1"
+		if err := w.c.Status().Update(t.Context(), m); err != nil {
+			t.Fatal(err)
+		}
+		w.etcd.members = []EtcdMember{voter(0xa, "c-cp-0", "127.0.9.1"), {ID: 0xb, PeerURLs: []string{"https://127.0.9.2:2380"}, Learner: true}}
+		for range 2 {
+			if _, err := w.reconcile(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := w.etcd.removedIDs(); len(got) > 0 {
+			t.Fatalf("members removed: %x; want none while c-cp-1's address is unknown", got)
+		}
+	})
 }
 
 // A machine's member is recorded on it by ID the first time it is seen;
