@@ -670,3 +670,53 @@ func TestHaltedUpgradeLetsTheControlPlaneScaleDown(t *testing.T) {
 		t.Errorf("machine %s is not being deleted", m.Name)
 	}
 }
+
+// A step record lives as long as its upgrade. Once an upgrade is done its
+// records are taken off the machines; before, a component that fell
+// behind later (the finished upgrade resumes) had the old record adopted
+// as the step under way, its start an hour back, and the upgrade halted
+// at once with StepTimeout.
+func TestFinishedUpgradeLeavesNoStepRecordToAdopt(t *testing.T) {
+	w := newWorld(t, 1)
+	w.machine("c-cp-0", "127.0.9.1", "v1.37.2")
+	w.etcd.members = []EtcdMember{voter(0xa, "c-cp-0", "127.0.9.1")}
+	started := metav1.NewTime(time.Now().Add(-time.Hour))
+	done := metav1.NewTime(time.Now().Add(-50 * time.Minute))
+	old := &clusterv1.UpgradeStep{Action: "SetComponent", Machine: "c-cp-0", Component: "kube-apiserver", From: "v1.36.3", To: "v1.37.2",
+		State: clusterv1.UpgradeStepRunning, StartedAt: &started}
+	rec, err := encodeStep(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := w.get("c-cp-0")
+	m.Annotations[clusterv1.UpgradeStepAnnotation] = rec
+	if err := w.c.Update(t.Context(), m); err != nil {
+		t.Fatal(err)
+	}
+	w.cluster.Status.Upgrade = &clusterv1.UpgradeStatus{From: "v1.36.3", To: "v1.37.2", Strategy: clusterv1.InPlaceUpgrade, StartedAt: &started, CompletedAt: &done}
+
+	// A settled pass.
+	if _, err := w.reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := w.get("c-cp-0").Annotations[clusterv1.UpgradeStepAnnotation]; ok {
+		t.Errorf("the finished upgrade's step record is still on c-cp-0: %s", v)
+	}
+
+	// Its API server falls behind (restored from an old spec, say).
+	m = w.get("c-cp-0")
+	m.Spec.Versions.Components = &clusterv1.ComponentVersions{APIServer: "v1.36.3"}
+	if err := w.c.Update(t.Context(), m); err != nil {
+		t.Fatal(err)
+	}
+	w.report("c-cp-0", "kube-apiserver", "v1.36.3")
+	if _, err := w.reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.upgradeCondition(); c == nil || c.Reason == clusterv1.ClusterUpgradeStepTimeoutReason {
+		t.Fatalf("UpgradeProgressing %+v: an old step record was taken for the step under way", c)
+	}
+	if got := w.get("c-cp-0").Spec.Versions.ControlPlaneComponents().APIServer; got != "v1.37.2" {
+		t.Errorf("c-cp-0's API server is asked for %s, want v1.37.2 again", got)
+	}
+}
