@@ -11,6 +11,8 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -55,6 +57,14 @@ type Options struct {
 	// Webhook serves marina's admission webhook (internal/webhook) from
 	// this manager; nil serves none.
 	Webhook *WebhookOptions
+	// WrapClient, for tests only, wraps the client every controller
+	// reads and writes through: the crash-point harness (test/crashpoint)
+	// counts the writes with it and stops the manager after the k-th.
+	WrapClient func(client.Client) client.Client
+	// Restartable, for tests only, lets one process build the manager
+	// again after the last one stopped (controller names are unique per
+	// process otherwise).
+	Restartable bool
 }
 
 // WebhookOptions say where the admission webhook listens and which serving
@@ -120,6 +130,8 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		HealthProbeBindAddress:        opts.HealthAddr,
 		PprofBindAddress:              opts.PprofAddr,
 		WebhookServer:                 webhookServer,
+		NewClient:                     newClient(opts.WrapClient),
+		Controller:                    config.Controller{SkipNameValidation: &opts.Restartable},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating controller manager: %w", err)
@@ -140,6 +152,17 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		}
 	}
 	return mgr, nil
+}
+
+// newClient is controller-runtime's client, wrapped when wrap is set.
+func newClient(wrap func(client.Client) client.Client) client.NewClientFunc {
+	return func(cfg *rest.Config, opts client.Options) (client.Client, error) {
+		c, err := client.New(cfg, opts)
+		if err != nil || wrap == nil {
+			return c, err
+		}
+		return wrap(c), nil
+	}
 }
 
 // setupControllers registers each controller with the manager. Controllers
