@@ -121,6 +121,7 @@ func run(ctx context.Context, dir string, t timing) error {
 			}
 			return err
 		}
+		go keepNodeCertificate(ctx, dir, b, renewNodeCertificate(dir, b))
 	} else {
 		a.token = newBearerToken(b.Token)
 		if a.cs, err = newClient(b, a.token); err != nil {
