@@ -65,6 +65,7 @@ import (
 var (
 	crashPoints = flag.String("crash-points", "sample", "sample: one crash point per scenario; all: every k of every scenario, after and before the write")
 	logPath     = flag.String("crash-log", "", "write the managers' log to this file (default: a temporary one, removed)")
+	runFor      = flag.Duration("crash-for", 0, "with -crash-points=all, start no round after this long (0: no bound); the rounds run finish and clean up")
 	firstRound  = flag.Int("crash-from", 1, "with -crash-points=all, the first k tried (to resume or shard a long run)")
 )
 
@@ -224,6 +225,10 @@ func TestCrashPoints(t *testing.T) {
 		}
 	case "all":
 		for k := *firstRound; ; k++ {
+			if *runFor > 0 && time.Since(start) > *runFor {
+				t.Logf("-crash-for %s passed: stopped before k=%d", *runFor, k)
+				break
+			}
 			left := false
 			for _, before := range []bool{false, true} {
 				if run(fmt.Sprintf("round k=%d before=%t", k, before), func(scenario) point { return point{k: k, before: before} }) {
