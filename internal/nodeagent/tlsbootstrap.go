@@ -152,6 +152,18 @@ func keepNodeCertificate(ctx context.Context, dir string, b *sandbox.Bootstrap, 
 	}
 }
 
+// RenewNodeCertificate renews the worker's node certificate in sandbox
+// dir now, as its agent does by time: a new key, its certificate asked
+// for as the node with the certificate it holds, both written to the
+// sandbox.
+func RenewNodeCertificate(ctx context.Context, dir string, b *sandbox.Bootstrap) error {
+	certPEM, keyPEM, err := renewNodeCertificate(dir, b)(ctx)
+	if err != nil {
+		return err
+	}
+	return writeNodeCredential(dir, certPEM, keyPEM)
+}
+
 // renewNodeCertificate asks for a new node certificate as the node, with
 // the one it holds.
 func renewNodeCertificate(dir string, b *sandbox.Bootstrap) func(context.Context) ([]byte, []byte, error) {
