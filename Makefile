@@ -64,3 +64,7 @@ run: setup build ## Build what is missing and start the embedded management plan
 .PHONY: bench
 bench: setup build ## Run the benchmarks in bench/
 	go test -run '^$$' -bench . -benchtime 1x ./bench/...
+
+.PHONY: crash-points
+crash-points: setup build ## Stop the controllers at every write of every control-plane scenario on real processes (the long form of test/crashpoint: hours)
+	go test -count=1 -v -timeout 48h -run TestCrashPoints ./test/crashpoint/ -crash-points=all

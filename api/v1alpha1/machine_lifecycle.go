@@ -125,7 +125,8 @@ const (
 	// spec.versions, or the machine's creation for a Replace upgrade's
 	// AddMachine). The step under way, its timeout and the target of a
 	// rollback are read from these records, never from status.upgrade,
-	// which is written after the step and may lag behind it.
+	// which is written after the step and may lag behind it. The records
+	// are taken off once the upgrade is done.
 	UpgradeStepAnnotation = GroupName + "/upgrade-step"
 
 	// UpgradeRollbackAnnotation on a Cluster asks the control-plane

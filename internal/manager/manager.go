@@ -64,10 +64,14 @@ type Options struct {
 	// names is left before the safety controller removes it (0: its
 	// default, 2 minutes).
 	OrphanGrace time.Duration
-	// SkipNameValidation lets a process build more than one manager (tests
-	// do): controller-runtime refuses a second controller of the same name,
-	// for its metrics.
-	SkipNameValidation bool
+	// WrapClient, for tests only, wraps the client every controller
+	// reads and writes through: the crash-point harness (test/crashpoint)
+	// counts the writes with it and stops the manager after the k-th.
+	WrapClient func(client.Client) client.Client
+	// Restartable, for tests only, lets one process build the manager
+	// again after the last one stopped (controller names are unique per
+	// process otherwise).
+	Restartable bool
 }
 
 // WebhookOptions say where the admission webhook listens and which serving
@@ -141,7 +145,8 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		HealthProbeBindAddress:        opts.HealthAddr,
 		PprofBindAddress:              opts.PprofAddr,
 		WebhookServer:                 webhookServer,
-		Controller:                    config.Controller{SkipNameValidation: &opts.SkipNameValidation},
+		NewClient:                     newClient(opts.WrapClient),
+		Controller:                    config.Controller{SkipNameValidation: &opts.Restartable},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating controller manager: %w", err)
@@ -172,6 +177,17 @@ func New(ctx context.Context, cfg *rest.Config, opts Options) (ctrl.Manager, err
 		}
 	}
 	return mgr, nil
+}
+
+// newClient is controller-runtime's client, wrapped when wrap is set.
+func newClient(wrap func(client.Client) client.Client) client.NewClientFunc {
+	return func(cfg *rest.Config, opts client.Options) (client.Client, error) {
+		c, err := client.New(cfg, opts)
+		if err != nil || wrap == nil {
+			return c, err
+		}
+		return wrap(c), nil
+	}
 }
 
 // setupControllers registers each controller with the manager. Controllers

@@ -117,11 +117,14 @@ func run(ctx context.Context, dir string, t timing) error {
 		// Every component is stopped before the agent returns: none
 		// outlives its machine's agent.
 		defer func() { cancel(); <-a.cp.done }()
-	} else if a.cs, err = tlsBootstrap(ctx, dir, b); err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped before it could join
+	} else {
+		if a.cs, err = tlsBootstrap(ctx, dir, b); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped before it could join
+			}
+			return err
 		}
-		return err
+		go keepNodeCertificate(ctx, dir, b, renewNodeCertificate(dir, b))
 	}
 	return a.run(ctx)
 }

@@ -28,6 +28,7 @@ import (
 	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/clusterpki"
 	"marina.dev/marina/internal/etcdadmin"
+	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent/components"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/internal/pki"
@@ -48,6 +49,8 @@ type controlPlane struct {
 	// reaches the other API servers when this machine's own one is down
 	// (an upgrade step whose new version cannot start, and its rollback).
 	viaEndpoint kubernetes.Interface
+	// boot names the node whose client certificate is renewed too.
+	boot *sandbox.Bootstrap
 
 	// mu guards machine: what the manifests were last made from.
 	mu      sync.Mutex
@@ -123,7 +126,7 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 	// cluster is not needed again, its data exists by then.
 	machine.Etcd = bootstrap.EtcdConfig{Stacked: etcd.Stacked, External: etcd.External}
 	cp := &controlPlane{supervisor: components.New(dir, components.Options{}), done: make(chan struct{}), stacked: etcd.Stacked != nil,
-		log: log, machine: machine}
+		log: log, machine: machine, boot: b}
 	go func() {
 		defer close(cp.done)
 		if err := cp.supervisor.Run(ctx); err != nil {
@@ -133,8 +136,11 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 	if promote != nil {
 		go promote(ctx)
 	}
+	if err := writeNodeCertificate(dir, b, set.CA, cfg.CertValidity); err != nil {
+		return nil, nil, err
+	}
 	go cp.keepCertificates(ctx, dir)
-	cs, viaEndpoint, err := nodeClients(b, set.CA, cfg.Endpoint)
+	cs, viaEndpoint, err := nodeClients(dir, b, set.CA, cfg.Endpoint)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -276,24 +282,49 @@ func retryUntil(ctx context.Context, timeout time.Duration, f func(context.Conte
 	}
 }
 
-// nodeClients reach, as the node, the machine's own API server and the
-// cluster's endpoint (host:port), with one certificate.
-func nodeClients(b *sandbox.Bootstrap, ca *pki.KeyPair, endpoint string) (local, viaEndpoint kubernetes.Interface, err error) {
-	pair, err := ca.Issue(pki.CertSpec{CommonName: "system:node:" + b.NodeName, Organizations: []string{"system:nodes"}, Usage: pki.ClientAuth})
+// writeNodeCertificate issues the node's client certificate from the
+// cluster CA, valid as long as the machine's other certificates
+// (spec.controlPlane.certificateValidity), and writes it to the sandbox,
+// where the node's clients read it (nodeClients). keepCertificates renews
+// it with the others.
+func writeNodeCertificate(dir string, b *sandbox.Bootstrap, ca *pki.KeyPair, validity time.Duration) error {
+	pair, err := ca.IssueFor(pki.CertSpec{CommonName: "system:node:" + b.NodeName, Organizations: []string{"system:nodes"}, Usage: pki.ClientAuth}, time.Now(), validity)
 	if err != nil {
-		return nil, nil, fmt.Errorf("issuing the node's client certificate: %w", err)
+		return fmt.Errorf("issuing the node's client certificate: %w", err)
 	}
 	key, err := pair.KeyPEM()
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
+	return writeNodeCredential(dir, pair.CertPEM(), key)
+}
+
+// writeNodeCredential writes the node's certificate and key, the key
+// first: a certificate without its key is useless.
+func writeNodeCredential(dir string, certPEM, keyPEM []byte) error {
+	if err := files.WriteAtomic(filepath.Join(dir, sandbox.NodeKeyFile), keyPEM, 0o600); err != nil {
+		return fmt.Errorf("writing the node's key: %w", err)
+	}
+	if err := files.WriteAtomic(filepath.Join(dir, sandbox.NodeCertFile), certPEM, 0o600); err != nil {
+		return fmt.Errorf("writing the node's certificate: %w", err)
+	}
+	return nil
+}
+
+// nodeClients reach, as the node, the machine's own API server and the
+// cluster's endpoint (host:port), with the certificate in the sandbox.
+// They read the files (client-go reloads them for every new connection,
+// and closes the old ones when they change), so a renewed certificate is
+// used without a restart of the agent.
+func nodeClients(dir string, b *sandbox.Bootstrap, ca *pki.KeyPair, endpoint string) (local, viaEndpoint kubernetes.Interface, err error) {
 	client := func(host string) (kubernetes.Interface, error) {
 		cs, err := kubernetes.NewForConfig(&rest.Config{
-			Host:            "https://" + host,
-			TLSClientConfig: rest.TLSClientConfig{CAData: ca.CertPEM(), CertData: pair.CertPEM(), KeyData: key},
-			UserAgent:       "marina-node-agent/" + b.NodeName,
-			QPS:             5,
-			Burst:           10,
+			Host: "https://" + host,
+			TLSClientConfig: rest.TLSClientConfig{CAData: ca.CertPEM(),
+				CertFile: filepath.Join(dir, sandbox.NodeCertFile), KeyFile: filepath.Join(dir, sandbox.NodeKeyFile)},
+			UserAgent: "marina-node-agent/" + b.NodeName,
+			QPS:       5,
+			Burst:     10,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("building the node's client for %s: %w", host, err)
@@ -482,6 +513,9 @@ func (cp *controlPlane) renewCertificates() error {
 	if err == nil {
 		err = bundle.Write()
 	}
+	if err == nil {
+		err = writeNodeCertificate(cp.machine.Dir, cp.boot, cp.machine.PKI.CA, cp.machine.CertValidity)
+	}
 	cp.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("writing renewed certificates: %w", err)
@@ -497,9 +531,18 @@ func readCertificate(path string) (*x509.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
+	c, err := readCertificatePEM(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// readCertificatePEM parses the first certificate of PEM data.
+func readCertificatePEM(data []byte) (*x509.Certificate, error) {
 	block, _ := pem.Decode(data)
 	if block == nil || block.Type != "CERTIFICATE" {
-		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+		return nil, errors.New("no PEM certificate")
 	}
 	return x509.ParseCertificate(block.Bytes)
 }

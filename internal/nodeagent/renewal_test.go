@@ -1,9 +1,17 @@
 package nodeagent
 
 import (
+	"context"
+	"crypto/tls"
 	"crypto/x509"
+	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/internal/pki"
+	"marina.dev/marina/internal/testenv"
 )
 
 // Issue 22 (finding 7): when a machine renews its certificates. Machines
@@ -42,4 +50,60 @@ func TestRenewalDue(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A worker's node certificate (got by TLS bootstrap) is renewed before it
+// ends, by time, as a kubelet rotates its client certificate; its client
+// reads the files, so it uses the new one. The request to the cluster's
+// signer is the edge here: renew stands in for it (kube-controller-manager
+// signing a node's request for its own name), issuing from a test CA.
+func TestWorkerRenewsItsNodeCertificateBeforeItEnds(t *testing.T) {
+	ca, err := pki.NewCA("test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	issue := func() ([]byte, []byte, error) {
+		pair, err := ca.IssueFor(pki.CertSpec{CommonName: "system:node:w-0", Organizations: []string{"system:nodes"}, Usage: pki.ClientAuth}, time.Now(), 30*time.Second)
+		if err != nil {
+			return nil, nil, err
+		}
+		key, err := pair.KeyPEM()
+		return pair.CertPEM(), key, err
+	}
+	certPEM, keyPEM, err := issue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeNodeCredential(dir, certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	first, err := readCertificate(filepath.Join(dir, sandbox.NodeCertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		keepNodeCertificate(ctx, dir, &sandbox.Bootstrap{CAPEM: string(ca.CertPEM())}, func(context.Context) ([]byte, []byte, error) { return issue() })
+	}()
+	defer func() { cancel(); <-done }()
+
+	testenv.Eventually(t, time.Until(first.NotAfter), "the node certificate renewed before the first ends", func() error {
+		c, err := readCertificate(filepath.Join(dir, sandbox.NodeCertFile))
+		if err != nil {
+			return err
+		}
+		if c.SerialNumber.Cmp(first.SerialNumber) == 0 {
+			return fmt.Errorf("still the first certificate, which ends at %s", first.NotAfter.Format(time.TimeOnly))
+		}
+		if _, err := tls.LoadX509KeyPair(filepath.Join(dir, sandbox.NodeCertFile), filepath.Join(dir, sandbox.NodeKeyFile)); err != nil {
+			return err
+		}
+		if !c.NotAfter.After(first.NotAfter) {
+			return fmt.Errorf("renewed certificate ends at %s, the first at %s", c.NotAfter, first.NotAfter)
+		}
+		return nil
+	})
 }

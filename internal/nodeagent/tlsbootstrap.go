@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
@@ -23,8 +24,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"marina.dev/marina/internal/bootstraptoken"
-	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/internal/pki"
 )
 
 // csrTimeout bounds one wait for kube-controller-manager to approve and
@@ -39,13 +40,16 @@ const csrTimeout = 2 * time.Minute
 // ctx ends: the control plane may still be coming up.
 func tlsBootstrap(ctx context.Context, dir string, b *sandbox.Bootstrap) (kubernetes.Interface, error) {
 	certPath, keyPath := filepath.Join(dir, sandbox.NodeCertFile), filepath.Join(dir, sandbox.NodeKeyFile)
-	certPEM, keyPEM, err := readNodeCredential(certPath, keyPath)
-	if err != nil {
+	if _, _, err := readNodeCredential(certPath, keyPath); err != nil {
 		log := klog.FromContext(ctx)
 		delay := time.Second
 		for {
-			certPEM, keyPEM, err = requestNodeCertificate(ctx, b)
+			var certPEM, keyPEM []byte
+			certPEM, keyPEM, err = requestNodeCertificate(ctx, b, func(cfg *rest.Config) { cfg.BearerToken = b.Token })
 			if err == nil {
+				if err := writeNodeCredential(dir, certPEM, keyPEM); err != nil {
+					return nil, err
+				}
 				break
 			}
 			if ctx.Err() != nil {
@@ -59,19 +63,9 @@ func tlsBootstrap(ctx context.Context, dir string, b *sandbox.Bootstrap) (kubern
 			}
 			delay = min(2*delay, 30*time.Second)
 		}
-		// The key first: a certificate without its key is useless, a key
-		// without its certificate is asked for again.
-		if err := files.WriteAtomic(keyPath, keyPEM, 0o600); err != nil {
-			return nil, err
-		}
-		if err := files.WriteAtomic(certPath, certPEM, 0o600); err != nil {
-			return nil, err
-		}
 		log.Info("Got the node's client certificate by TLS bootstrap")
 	}
-	cfg := nodeRESTConfig(b)
-	cfg.TLSClientConfig.CertData, cfg.TLSClientConfig.KeyData = certPEM, keyPEM
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfig(nodeCertConfig(b, certPath, keyPath))
 	if err != nil {
 		return nil, fmt.Errorf("building the node's client: %w", err)
 	}
@@ -101,9 +95,89 @@ func readNodeCredential(certPath, keyPath string) (certPEM, keyPEM []byte, err e
 	return certPEM, keyPEM, nil
 }
 
-// requestNodeCertificate makes a key, asks for its certificate with the
-// bootstrap token and waits until it is signed.
-func requestNodeCertificate(ctx context.Context, b *sandbox.Bootstrap) (certPEM, keyPEM []byte, err error) {
+// nodeCertConfig is the worker's connection authenticated by the node
+// certificate in its files: client-go reads them for every new connection
+// and closes the open ones when they change, so a renewed certificate is
+// used without a restart.
+func nodeCertConfig(b *sandbox.Bootstrap, certPath, keyPath string) *rest.Config {
+	cfg := nodeRESTConfig(b)
+	cfg.TLSClientConfig.CertFile, cfg.TLSClientConfig.KeyFile = certPath, keyPath
+	return cfg
+}
+
+// keepNodeCertificate renews the worker's node certificate before it ends,
+// as a kubelet rotates its client certificate: a new key, and a request
+// for its certificate made as the node itself, with the certificate it
+// holds (kube-controller-manager approves a node's request for its own
+// name: marina:node-autoapprove-certificate-rotation). It renews when
+// renewalDue says, this agent's jitter drawn once, and sleeps at most an
+// hour, so a clock that jumps is noticed. It returns when ctx ends.
+func keepNodeCertificate(ctx context.Context, dir string, b *sandbox.Bootstrap, renew func(context.Context) (certPEM, keyPEM []byte, err error)) {
+	log := klog.FromContext(ctx)
+	certPath := filepath.Join(dir, sandbox.NodeCertFile)
+	caEnd := time.Now().Add(pki.CAValidity)
+	if ca, err := readCertificatePEM([]byte(b.CAPEM)); err == nil {
+		caEnd = ca.NotAfter
+	}
+	jitter := mathrand.Float64()
+	for {
+		wait := time.Hour
+		cert, err := readCertificate(certPath)
+		if err != nil {
+			log.Error(err, "Reading the node's certificate failed; looking again in a minute")
+			wait = time.Minute
+		} else if due, worthIt := renewalDue(cert, caEnd, jitter); worthIt && !time.Now().Before(due) {
+			certPEM, keyPEM, err := renew(ctx)
+			if err == nil {
+				err = writeNodeCredential(dir, certPEM, keyPEM)
+			}
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				log.Error(err, "Renewing the node's certificate failed; trying again in a minute", "notAfter", cert.NotAfter)
+				wait = time.Minute
+			} else {
+				log.Info("Renewed the node's client certificate", "notAfter", cert.NotAfter)
+				wait = time.Second
+			}
+		} else if worthIt {
+			wait = min(wait, time.Until(due))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(max(wait, time.Second)):
+		}
+	}
+}
+
+// RenewNodeCertificate renews the worker's node certificate in sandbox
+// dir now, as its agent does by time: a new key, its certificate asked
+// for as the node with the certificate it holds, both written to the
+// sandbox.
+func RenewNodeCertificate(ctx context.Context, dir string, b *sandbox.Bootstrap) error {
+	certPEM, keyPEM, err := renewNodeCertificate(dir, b)(ctx)
+	if err != nil {
+		return err
+	}
+	return writeNodeCredential(dir, certPEM, keyPEM)
+}
+
+// renewNodeCertificate asks for a new node certificate as the node, with
+// the one it holds.
+func renewNodeCertificate(dir string, b *sandbox.Bootstrap) func(context.Context) ([]byte, []byte, error) {
+	return func(ctx context.Context) ([]byte, []byte, error) {
+		return requestNodeCertificate(ctx, b, func(cfg *rest.Config) {
+			cfg.TLSClientConfig.CertFile, cfg.TLSClientConfig.KeyFile = filepath.Join(dir, sandbox.NodeCertFile), filepath.Join(dir, sandbox.NodeKeyFile)
+		})
+	}
+}
+
+// requestNodeCertificate makes a key, asks for its certificate, the
+// request authenticated by auth (the bootstrap token, or the node's
+// current certificate), and waits until it is signed.
+func requestNodeCertificate(ctx context.Context, b *sandbox.Bootstrap, auth func(*rest.Config)) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -113,7 +187,7 @@ func requestNodeCertificate(ctx context.Context, b *sandbox.Bootstrap) (certPEM,
 		return nil, nil, fmt.Errorf("making the certificate request: %w", err)
 	}
 	cfg := nodeRESTConfig(b)
-	cfg.BearerToken = b.Token
+	auth(cfg)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, err

@@ -22,6 +22,9 @@ type Result struct {
 	Errors []string
 	// Elapsed is how long it ran.
 	Elapsed time.Duration
+	// LongestOutage is the longest time one kind of request kept failing:
+	// from its first failure to its next success (or the end of the run).
+	LongestOutage time.Duration
 }
 
 // Rate is requests per second over the run.
@@ -80,6 +83,15 @@ func (p *Prober) loop(ctx context.Context, period time.Duration, probe func(cont
 	p.wg.Go(func() {
 		tick := time.NewTicker(period)
 		defer tick.Stop()
+		var failingSince time.Time
+		outage := func(now time.Time) {
+			if !failingSince.IsZero() {
+				p.mu.Lock()
+				p.res.LongestOutage = max(p.res.LongestOutage, now.Sub(failingSince))
+				p.mu.Unlock()
+			}
+		}
+		defer func() { outage(time.Now()) }()
 		for {
 			select {
 			case <-ctx.Done():
@@ -91,6 +103,14 @@ func (p *Prober) loop(ctx context.Context, period time.Duration, probe func(cont
 			cancel()
 			if ctx.Err() != nil {
 				return // stopped mid-request: not the cluster's failure
+			}
+			now := time.Now()
+			switch {
+			case err != nil && failingSince.IsZero():
+				failingSince = now
+			case err == nil:
+				outage(now)
+				failingSince = time.Time{}
 			}
 			p.mu.Lock()
 			p.res.Requests++

@@ -4,15 +4,21 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/clusterpki"
 	"marina.dev/marina/internal/nodeagent/components"
+	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/tools"
 )
 
@@ -60,6 +66,15 @@ func TestControlPlaneCertificatesAreRenewedBeforeTheyEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The node's own client certificate (its agent's, for its Node and
+	// Lease) lives as long, and is renewed with the others.
+	firstNode, err := nodeCertificate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if life := firstNode.NotAfter.Sub(firstNode.NotBefore); life > 70*time.Second {
+		t.Fatalf("the node's client certificate lives %s, want the cluster's 1m", life)
+	}
 
 	var renewed *x509.Certificate
 	eventually(t, 90*time.Second, "a renewed certificate served, the API server ready on it, kube-controller-manager started again", func() error {
@@ -83,6 +98,26 @@ func TestControlPlaneCertificatesAreRenewedBeforeTheyEnd(t *testing.T) {
 		renewed = c
 		return nil
 	})
+	node, err := nodeCertificate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !node.NotBefore.Before(firstNode.NotAfter) || !node.NotAfter.After(firstNode.NotAfter) {
+		t.Errorf("the node's client certificate was not renewed before it ended: valid %s to %s, the first ended at %s",
+			node.NotBefore.Format(time.TimeOnly), node.NotAfter.Format(time.TimeOnly), firstNode.NotAfter.Format(time.TimeOnly))
+	}
+	// The agent reaches its API server on the new one: its Lease is
+	// renewed after the first certificate ended.
+	eventually(t, 90*time.Second, "the node's Lease renewed after its first certificate ended", func() error {
+		lease, err := admin.CoordinationV1().Leases("kube-node-lease").Get(ctx, "cp-0", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if lease.Spec.RenewTime == nil || !lease.Spec.RenewTime.After(firstNode.NotAfter.Add(5*time.Second)) {
+			return fmt.Errorf("lease renewed at %v, the first certificate ended at %s", lease.Spec.RenewTime, firstNode.NotAfter.Format(time.TimeOnly))
+		}
+		return nil
+	})
 	if !renewed.NotBefore.Before(first.NotAfter) || !renewed.NotAfter.After(first.NotAfter) {
 		t.Errorf("renewed certificate valid %s to %s; the first ended at %s: want it made before the first ended, and ending later",
 			renewed.NotBefore.Format(time.TimeOnly), renewed.NotAfter.Format(time.TimeOnly), first.NotAfter.Format(time.TimeOnly))
@@ -101,4 +136,17 @@ func servingCertificate(set *clusterpki.Set, addr string) (*x509.Certificate, er
 	}
 	defer conn.Close()
 	return conn.(*tls.Conn).ConnectionState().PeerCertificates[0], nil
+}
+
+// nodeCertificate is the node's client certificate in the sandbox dir.
+func nodeCertificate(dir string) (*x509.Certificate, error) {
+	data, err := os.ReadFile(filepath.Join(dir, sandbox.NodeCertFile))
+	if err != nil {
+		return nil, err
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return nil, fmt.Errorf("%s holds no PEM", sandbox.NodeCertFile)
+	}
+	return x509.ParseCertificate(block.Bytes)
 }

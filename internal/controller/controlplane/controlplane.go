@@ -238,9 +238,11 @@ func factsOf(cluster *clusterv1.Cluster, machines []clusterv1.Machine, etcd *etc
 			Unhealthy:   m.Annotations[clusterv1.RemediationReasonAnnotation] != "",
 			Drained:     Drained(m),
 		}
+		_, recorded := recordedMember(m)
+		mf.Known = recorded || address(m) != ""
 		if member := etcd.memberOf(m); member != nil {
-			mf.Member, mf.MemberHealthy, mf.MemberVotes = true, member.healthyVoter(), member.votes()
-		} else if _, recorded := recordedMember(m); recorded && etcd.err == nil && stacked(cluster) {
+			mf.Member, mf.MemberHealthy, mf.MemberVotes, mf.Known = true, member.healthyVoter(), member.votes(), true
+		} else if recorded && etcd.err == nil && stacked(cluster) {
 			mf.MemberGone = true
 		}
 		f.Initialized = f.Initialized || mf.Ready

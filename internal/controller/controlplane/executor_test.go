@@ -414,6 +414,28 @@ func TestMemberOfNoMachineIsRemovedWhenQuorumHolds(t *testing.T) {
 			t.Fatalf("members removed: %x; want none while c-cp-1 is being made", got)
 		}
 	})
+	t.Run("not while a made machine's address is not recorded yet", func(t *testing.T) {
+		// A provider may answer with the machine's ID before its address
+		// (a cloud assigns the IP later): the machine is made, its member
+		// joining (a learner, named once it starts), and nothing on the
+		// Machine ties the member to it yet.
+		w := newWorld(t, 2)
+		w.machine("c-cp-0", "127.0.9.1", "v1.37.2")
+		m := w.machine("c-cp-1", "", "v1.37.2")
+		m.Status.ProviderID = "local://c-cp-1"
+		if err := w.c.Status().Update(t.Context(), m); err != nil {
+			t.Fatal(err)
+		}
+		w.etcd.members = []EtcdMember{voter(0xa, "c-cp-0", "127.0.9.1"), {ID: 0xb, PeerURLs: []string{"https://127.0.9.2:2380"}, Learner: true}}
+		for range 2 {
+			if _, err := w.reconcile(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := w.etcd.removedIDs(); len(got) > 0 {
+			t.Fatalf("members removed: %x; want none while c-cp-1's address is unknown", got)
+		}
+	})
 }
 
 // A machine's member is recorded on it by ID the first time it is seen;
@@ -735,4 +757,54 @@ func TestUnownedControlPlaneMachineNeverCounts(t *testing.T) {
 			t.Errorf("status.controlPlane.replicas %d, want 1", n)
 		}
 	})
+}
+
+// A step record lives as long as its upgrade. Once an upgrade is done its
+// records are taken off the machines; before, a component that fell
+// behind later (the finished upgrade resumes) had the old record adopted
+// as the step under way, its start an hour back, and the upgrade halted
+// at once with StepTimeout.
+func TestFinishedUpgradeLeavesNoStepRecordToAdopt(t *testing.T) {
+	w := newWorld(t, 1)
+	w.machine("c-cp-0", "127.0.9.1", "v1.37.2")
+	w.etcd.members = []EtcdMember{voter(0xa, "c-cp-0", "127.0.9.1")}
+	started := metav1.NewTime(time.Now().Add(-time.Hour))
+	done := metav1.NewTime(time.Now().Add(-50 * time.Minute))
+	old := &clusterv1.UpgradeStep{Action: "SetComponent", Machine: "c-cp-0", Component: "kube-apiserver", From: "v1.36.3", To: "v1.37.2",
+		State: clusterv1.UpgradeStepRunning, StartedAt: &started}
+	rec, err := encodeStep(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := w.get("c-cp-0")
+	m.Annotations[clusterv1.UpgradeStepAnnotation] = rec
+	if err := w.c.Update(t.Context(), m); err != nil {
+		t.Fatal(err)
+	}
+	w.cluster.Status.Upgrade = &clusterv1.UpgradeStatus{From: "v1.36.3", To: "v1.37.2", Strategy: clusterv1.InPlaceUpgrade, StartedAt: &started, CompletedAt: &done}
+
+	// A settled pass.
+	if _, err := w.reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := w.get("c-cp-0").Annotations[clusterv1.UpgradeStepAnnotation]; ok {
+		t.Errorf("the finished upgrade's step record is still on c-cp-0: %s", v)
+	}
+
+	// Its API server falls behind (restored from an old spec, say).
+	m = w.get("c-cp-0")
+	m.Spec.Versions.Components = &clusterv1.ComponentVersions{APIServer: "v1.36.3"}
+	if err := w.c.Update(t.Context(), m); err != nil {
+		t.Fatal(err)
+	}
+	w.report("c-cp-0", "kube-apiserver", "v1.36.3")
+	if _, err := w.reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.upgradeCondition(); c == nil || c.Reason == clusterv1.ClusterUpgradeStepTimeoutReason {
+		t.Fatalf("UpgradeProgressing %+v: an old step record was taken for the step under way", c)
+	}
+	if got := w.get("c-cp-0").Spec.Versions.ControlPlaneComponents().APIServer; got != "v1.37.2" {
+		t.Errorf("c-cp-0's API server is asked for %s, want v1.37.2 again", got)
+	}
 }

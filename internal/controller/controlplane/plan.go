@@ -25,6 +25,12 @@ type Machine struct {
 	// machine controller acts on too. A machine deleted before that
 	// answer landed may run an etcd member nobody can see yet.
 	Made bool
+	// Known: its member, if it runs one, can be told from a member of no
+	// machine: the machine records its member ID or its address, or its
+	// member was found by name. A provider may record a machine's ID
+	// before its address; until the address lands, a joining member (a
+	// learner, nameless until it starts) cannot be tied to it.
+	Known bool
 	// Member: the etcd cluster lists a member for it (by the member ID
 	// recorded on it, else its address or name); MemberHealthy: that
 	// member answers and votes; MemberVotes: it votes (not a learner).
@@ -215,14 +221,15 @@ func KeepsQuorum(voters, healthy int, votes, answers bool) (ok bool, after, heal
 // orphan removes a member that belongs to no machine (left by a machine
 // deleted with its member, or by a crash), as upstream KubeadmControlPlane
 // does, when that keeps a quorum of healthy voters. Never while a machine
-// is not made yet: a joining machine adds its member before its address
-// is recorded, and that member would look like an orphan.
+// is not made yet, or made but not known yet (no address, no member ID
+// recorded): a joining machine adds its member before that is recorded,
+// and that member would look like an orphan.
 func orphan(f Facts) (Step, bool) {
 	if !f.Stacked || !f.EtcdKnown || len(f.Orphans) == 0 {
 		return Step{}, false
 	}
 	for _, m := range f.Machines {
-		if !m.Made {
+		if !m.Made || !m.Known {
 			return Step{}, false
 		}
 	}

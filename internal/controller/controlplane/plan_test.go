@@ -9,7 +9,7 @@ import (
 )
 
 func ready(name string) Machine {
-	return Machine{Name: name, Ready: true, Made: true, Hook: true, Member: true, MemberHealthy: true, MemberVotes: true}
+	return Machine{Name: name, Ready: true, Made: true, Known: true, Hook: true, Member: true, MemberHealthy: true, MemberVotes: true}
 }
 
 func deleting(m Machine) Machine { m.Deleting, m.DeletingFor = true, time.Minute; return m }
@@ -106,6 +106,10 @@ func TestPlan(t *testing.T) {
 			reason: "below the quorum of 2"},
 		{name: "no member is taken for an orphan while a machine is not made (it may be that machine's)",
 			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), {Name: "cp-1", Hook: true}}, Members: 2, Voters: 1, HealthyMembers: 1, EtcdKnown: true, Orphans: []Member{{ID: 0x1d}}},
+			want:   Step{Action: Wait},
+			reason: "waiting for control-plane machines to be ready: cp-1"},
+		{name: "nor while a made machine is not known yet (its provider gave no address yet, its member is not recorded)",
+			facts:  Facts{Replicas: 3, Stacked: true, Initialized: true, Machines: []Machine{ready("cp-0"), {Name: "cp-1", Hook: true, Made: true}}, Members: 2, Voters: 1, HealthyMembers: 1, EtcdKnown: true, Orphans: []Member{{ID: 0x1d}}},
 			want:   Step{Action: Wait},
 			reason: "waiting for control-plane machines to be ready: cp-1"},
 		{name: "etcd not observable: no orphan is removed",

@@ -49,7 +49,10 @@ func (cp *ControlPlane) upgrade(ctx context.Context, cluster *clusterv1.Cluster,
 	}
 	if !upgrade.Needed(inputOf(cluster, machines, nil, etcd, workers)) {
 		cp.finish(cluster)
-		return false, cp.undrain(ctx, machines, nil, nil)
+		if err := cp.undrain(ctx, machines, nil, nil); err != nil {
+			return false, err
+		}
+		return false, cp.forgetSteps(ctx, machines)
 	}
 	probe := cp.Probe
 	if probe == nil {
@@ -364,6 +367,26 @@ func (cp *ControlPlane) undrain(ctx context.Context, machines []clusterv1.Machin
 		delete(m.Annotations, clusterv1.EndpointDrainAnnotation)
 		if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("putting machine %s back into the endpoint: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// forgetSteps takes the step records off the machines once nothing is
+// left to upgrade: a record lives as long as its upgrade. Left there, a
+// later upgrade to the same version (a component that fell behind, a try
+// again after a rollback) would adopt it as its step under way, started
+// long ago, and halt at once for its timeout.
+func (cp *ControlPlane) forgetSteps(ctx context.Context, machines []clusterv1.Machine) error {
+	for i := range machines {
+		m := &machines[i]
+		if _, ok := m.Annotations[clusterv1.UpgradeStepAnnotation]; !ok || !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		before := m.DeepCopy()
+		delete(m.Annotations, clusterv1.UpgradeStepAnnotation)
+		if err := cp.Client.Patch(ctx, m, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("taking the finished upgrade's step record off machine %s: %w", m.Name, err)
 		}
 	}
 	return nil

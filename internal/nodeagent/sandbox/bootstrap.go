@@ -25,8 +25,10 @@ const (
 	// plane's document (bootstrap.Config, JSON; mode 0600: it holds the
 	// cluster's CA keys).
 	ControlPlaneFile = "controlplane.json"
-	// NodeCertFile and NodeKeyFile hold the worker's node credential, got by
-	// TLS bootstrap (mode 0600).
+	// NodeCertFile and NodeKeyFile hold the node's client credential (mode
+	// 0600): a worker's got by TLS bootstrap and renewed by a new request
+	// before it ends; a control-plane machine's issued by the machine
+	// itself from the cluster CA, and renewed with its other certificates.
 	NodeCertFile = "node.crt"
 	NodeKeyFile  = "node.key"
 	// KubeletConfigFile holds the kubelet configuration document the
