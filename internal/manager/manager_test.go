@@ -44,7 +44,7 @@ func TestManagerPublishesWhatItCanRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := manager.New(ctx, env.Config, manager.Options{MetricsAddr: "0", HealthAddr: "0", Providers: []provider.Provider{prov}, Restartable: true})
+	mgr, err := manager.New(ctx, env.Config, manager.Options{MetricsAddr: "0", HealthAddr: "0", Providers: []provider.Provider{prov}})
 	if err != nil {
 		t.Fatal(err)
 	}

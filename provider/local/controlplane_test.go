@@ -58,15 +58,7 @@ func TestControlPlaneMachinesRunAControlPlane(t *testing.T) {
 	ctx := t.Context()
 
 	set := newClusterPKI(t)
-	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, BinDir: binDir, AgentStopTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.DeleteAll(context.Background()); err != nil {
-			t.Errorf("cleaning up machines: %v", err)
-		}
-	})
+	p := newControlPlaneProvider(t, binDir)
 
 	// The endpoint only names the API servers' certificates here: nothing
 	// dials it.

@@ -1,7 +1,6 @@
 package local
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -45,15 +44,7 @@ func TestLoneControlPlaneUpgradesItsAPIServerThroughItself(t *testing.T) {
 	}
 	ctx := t.Context()
 	set := newClusterPKI(t)
-	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, BinDir: binDir, AgentStopTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.DeleteAll(context.Background()); err != nil {
-			t.Errorf("cleaning up machines: %v", err)
-		}
-	})
+	p := newControlPlaneProvider(t, binDir)
 	req := controlPlaneRequest(t, "cp-0", set, from, nil)
 	inst, err := p.Create(ctx, req)
 	if err != nil {

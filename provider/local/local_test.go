@@ -99,6 +99,22 @@ func newProvider(t *testing.T) *Provider {
 	return p
 }
 
+// newControlPlaneProvider returns a provider that runs the control-plane
+// components of binDir, its agents all stopped when the test ends.
+func newControlPlaneProvider(t *testing.T, binDir string) *Provider {
+	t.Helper()
+	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, BinDir: binDir, AgentStopTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.DeleteAll(context.Background()); err != nil {
+			t.Errorf("cleaning up machines: %v", err)
+		}
+	})
+	return p
+}
+
 // request is a worker machine request whose agent talks to an API server
 // that does not answer: enough for the sandbox and process tests.
 func request(name string) *provider.Request {

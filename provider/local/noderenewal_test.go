@@ -26,15 +26,7 @@ func TestWorkerRenewsItsNodeCertificateAsTheNode(t *testing.T) {
 	binDir := controlPlaneBinaries(t)
 	ctx := t.Context()
 	set := newClusterPKI(t)
-	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, BinDir: binDir, AgentStopTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.DeleteAll(context.Background()); err != nil {
-			t.Errorf("cleaning up machines: %v", err)
-		}
-	})
+	p := newControlPlaneProvider(t, binDir)
 	req := controlPlaneRequest(t, "cp-0", set, tools.Pinned().NewestKube(), nil)
 	inst, err := p.Create(ctx, req)
 	if err != nil {

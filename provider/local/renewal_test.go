@@ -1,7 +1,6 @@
 package local
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -35,15 +34,7 @@ func TestControlPlaneCertificatesAreRenewedBeforeTheyEnd(t *testing.T) {
 	binDir := controlPlaneBinaries(t)
 	ctx := t.Context()
 	set := newClusterPKI(t)
-	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, BinDir: binDir, AgentStopTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.DeleteAll(context.Background()); err != nil {
-			t.Errorf("cleaning up machines: %v", err)
-		}
-	})
+	p := newControlPlaneProvider(t, binDir)
 	req := controlPlaneRequest(t, "cp-0", set, tools.Pinned().NewestKube(), nil, func(c *bootstrap.Config) { c.CertValidity = time.Minute })
 	inst, err := p.Create(ctx, req)
 	if err != nil {

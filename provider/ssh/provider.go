@@ -212,22 +212,11 @@ func (p *Provider) Get(ctx context.Context, uid types.UID) (*provider.Instance, 
 	if rec == nil || rec.Host == nil {
 		return nil, &provider.NotFoundError{UID: uid}
 	}
-	creds, err := p.credentials(ctx, rec.Namespace, rec.Spec.SecretRef.Name)
-	if err != nil {
-		return nil, err
-	}
-	c, err := dial(ctx, *rec.Host, creds)
+	c, err := p.onHost(ctx, uid, rec)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	holder, err := claimHolder(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	if holder != uid {
-		return nil, &provider.NotFoundError{UID: uid}
-	}
 	running, err := agentRunning(ctx, c)
 	if err != nil {
 		return nil, err
@@ -335,21 +324,35 @@ func (p *Provider) StageVersions(ctx context.Context, uid types.UID, v provider.
 			bins = append(bins, name+"-"+want)
 		}
 	}
-	creds, err := p.credentials(ctx, rec.Namespace, rec.Spec.SecretRef.Name)
-	if err != nil {
-		return err
-	}
-	c, err := dial(ctx, *rec.Host, creds)
+	c, err := p.onHost(ctx, uid, rec)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if holder, err := claimHolder(ctx, c); err != nil {
-		return err
-	} else if holder != uid {
-		return &provider.NotFoundError{UID: uid}
-	}
 	return p.copyBinaries(ctx, c, bins)
+}
+
+// onHost connects to the host rec holds for the machine made for uid, and
+// checks that the claim there is still that machine's: a *NotFoundError
+// when another holds it (or none).
+func (p *Provider) onHost(ctx context.Context, uid types.UID, rec *record) (*conn, error) {
+	creds, err := p.credentials(ctx, rec.Namespace, rec.Spec.SecretRef.Name)
+	if err != nil {
+		return nil, err
+	}
+	c, err := dial(ctx, *rec.Host, creds)
+	if err != nil {
+		return nil, err
+	}
+	holder, err := claimHolder(ctx, c)
+	if err == nil && holder != uid {
+		err = &provider.NotFoundError{UID: uid}
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // MachineUIDs implements provider.MachineLister: the machines that may hold

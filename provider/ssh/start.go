@@ -36,20 +36,11 @@ func (p *Provider) Start(ctx context.Context, uid types.UID, boot *provider.Boot
 	if rec == nil || rec.Host == nil {
 		return nil, &provider.NotFoundError{UID: uid}
 	}
-	creds, err := p.credentials(ctx, rec.Namespace, rec.Spec.SecretRef.Name)
-	if err != nil {
-		return nil, err
-	}
-	c, err := dial(ctx, *rec.Host, creds)
+	c, err := p.onHost(ctx, uid, rec)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	if holder, err := claimHolder(ctx, c); err != nil {
-		return nil, err
-	} else if holder != uid {
-		return nil, &provider.NotFoundError{UID: uid}
-	}
 	if running, err := agentRunning(ctx, c); err != nil || running {
 		return instance(uid, c.host, provider.InstanceRunning), err
 	}
