@@ -5,23 +5,29 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"marina.dev/marina/internal/loadbalancer"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/internal/prober"
 	"marina.dev/marina/internal/testenv"
 )
 
-// mixedCluster: the control plane on SSH host 1 (its address is the
-// endpoint, as in examples/ssh), a worker on SSH host 2 and a worker of
-// the local provider, all at upgradeFrom, upgraded InPlace.
+// mixedCluster: three control-plane machines on SSH hosts 1-3 behind a
+// balancer of the user's at 10.77.0.1:6443 (the management host's end of
+// the hosts' bridge), a worker on SSH host 4 and a worker of the local
+// provider, all at upgradeFrom, upgraded InPlace.
 const mixedCluster = `apiVersion: cluster.marina.dev/v1alpha1
 kind: Cluster
 metadata: {name: mixed, namespace: default}
@@ -29,17 +35,20 @@ spec:
   clusterNetwork:
     pods: ["10.244.0.0/16"]
     services: ["10.96.0.0/12"]
-  controlPlaneEndpoint: {host: 10.77.0.11, port: 6443}
+  controlPlaneEndpoint: {host: 10.77.0.1, port: 6443}
   controlPlane:
     version: v1.36.3
-    replicas: 1
+    replicas: 3
+    etcd: {type: Stacked}
     upgradeStrategy: {type: InPlace, stepTimeout: 3m}
     providerSpec:
       apiVersion: ssh.marina.dev/v1alpha1
       kind: SSHMachine
       spec:
-        hostsRef: {name: ssh-hosts}
-        hostSelector: {role: control-plane}
+        hosts:
+        - {address: 10.77.0.11, port: 22, user: root}
+        - {address: 10.77.0.12, port: 22, user: root}
+        - {address: 10.77.0.13, port: 22, user: root}
         secretRef: {name: ssh-hosts}
 ---
 apiVersion: cluster.marina.dev/v1alpha1
@@ -56,8 +65,7 @@ spec:
     apiVersion: ssh.marina.dev/v1alpha1
     kind: SSHMachine
     spec:
-      hostsRef: {name: ssh-hosts}
-      hostSelector: {role: worker}
+      hosts: [{address: 10.77.0.14, port: 22, user: root}]
       secretRef: {name: ssh-hosts}
 ---
 apiVersion: cluster.marina.dev/v1alpha1
@@ -77,8 +85,8 @@ spec:
 `
 
 // A cluster mixing both providers (issue 26) upgrades InPlace as the local
-// one does: the control plane on an SSH host, a worker on another host
-// and a local worker move from upgradeFrom to upgradeTo, the control-plane
+// one does: three control-plane machines on SSH hosts behind a balancer, a
+// worker on a fourth host and a local worker move from upgradeFrom to upgradeTo, the control-plane
 // components in M12's order, with no failed request through the endpoint.
 // The workers are standalone machines (the upgrade rolls only
 // deployments): their spec is moved once the control plane is done, and
@@ -87,7 +95,8 @@ spec:
 // it put in the machine when it made it (only the SSH provider copies the
 // new binaries into the host's binary directory).
 func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
-	manifests, onHost := sshHosts(t, 2)
+	const hosts = 4
+	manifests, onHost := sshHosts(t, hosts)
 	u, root, c := startUpWithClient(t)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -102,13 +111,14 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 		t.Fatalf("kubectl apply -f - (the cluster): %v\n%s", err, out)
 	}
 	key := types.NamespacedName{Namespace: "default", Name: "mixed"}
-	testenv.Eventually(t, 8*time.Minute, "cluster mixed Ready with its 3 machines Running", func() error {
-		if err := machinesRunning(ctx, c, 3); err != nil {
+	userBalancer(t, ctx, c, key)
+	testenv.Eventually(t, 10*time.Minute, "cluster mixed Ready with its 5 machines Running", func() error {
+		if err := machinesRunning(ctx, c, 5); err != nil {
 			return fmt.Errorf("%w: %s", err, machineStates(ctx, c))
 		}
 		return nil
 	})
-	waitControlPlane(t, ctx, c, key, 1, 2*time.Minute)
+	waitControlPlane(t, ctx, c, key, 3, 2*time.Minute)
 	waitWorkers(t, ctx, c, key, 2, upgradeFrom, 2*time.Minute)
 	testenv.Eventually(t, time.Minute, "the control-plane machine reporting "+upgradeFrom, func() error {
 		for _, m := range controlPlaneMachines(t, ctx, c, key) {
@@ -125,8 +135,8 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := machineFiles(t, root, onHost)
-	if !strings.Contains(fmt.Sprint(before), "local:") || !strings.Contains(fmt.Sprint(before), "host 2:") {
+	before := machineFiles(t, root, hosts, onHost)
+	if !strings.Contains(fmt.Sprint(before), "local:") || !strings.Contains(fmt.Sprint(before), fmt.Sprintf("host %d:", hosts)) {
 		t.Fatalf("the machines' directories were not all found: %v", before)
 	}
 	probe, err := prober.Start(ctx, cs, "default", 100*time.Millisecond)
@@ -151,7 +161,7 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if len(nodes.Items) != 3 {
+		if len(nodes.Items) != 5 {
 			return fmt.Errorf("%d Nodes", len(nodes.Items))
 		}
 		for _, n := range nodes.Items {
@@ -165,25 +175,27 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 	res := probe.Stop()
 	changes := rec.stop()
 
-	t.Logf("InPlace %s → %s of a control plane on an SSH host, an SSH worker and a local worker: control plane %s, all Nodes %s; prober: %d requests (%.1f/s), %d failed",
+	t.Logf("InPlace %s → %s of 3 control-plane machines on SSH hosts, an SSH worker and a local worker: control plane %s, all Nodes %s; prober: %d requests (%.1f/s), %d failed",
 		upgradeFrom, upgradeTo, controlPlaneTook.Round(time.Second), took.Round(time.Second), res.Requests, res.Rate(), res.Failures)
 	for _, ch := range changes {
 		t.Logf("  %s  %-24s %s", ch.at.Sub(start).Round(100*time.Millisecond), ch.component, ch.machine)
 	}
 	checkProbe(t, res)
-	checkOrder(t, changes, 1)
+	checkOrder(t, changes, 3)
 
-	// The control plane's host runs the new binaries, and no old one.
-	exes := onHost(1, "for p in /proc/[0-9]*; do readlink $p/exe; done")
-	for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-		if !strings.Contains(exes, "/"+comp+"-"+upgradeTo+"\n") || strings.Contains(exes, "/"+comp+"-"+upgradeFrom) {
-			t.Errorf("host 1 does not run %s at %s alone; executables there:\n%s", comp, upgradeTo, exes)
+	// The control plane's hosts run the new binaries, and no old one.
+	for i := 1; i <= 3; i++ {
+		exes := onHost(i, "for p in /proc/[0-9]*; do readlink $p/exe; done")
+		for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			if !strings.Contains(exes, "/"+comp+"-"+upgradeTo+"\n") || strings.Contains(exes, "/"+comp+"-"+upgradeFrom) {
+				t.Errorf("host %d does not run %s at %s alone; executables there:\n%s", i, comp, upgradeTo, exes)
+			}
 		}
 	}
 
 	// What the management host put in each machine when it made it is as
 	// it was: the machines learnt their versions from their Nodes.
-	after := machineFiles(t, root, onHost)
+	after := machineFiles(t, root, hosts, onHost)
 	for path, was := range before {
 		if now := after[path]; now != was && !agentsOwn(path) {
 			t.Errorf("%s changed during the upgrade (%s → %s)", path, was, now)
@@ -199,7 +211,8 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 // agentsOwn: files a machine's agent writes itself in its directory: the
 // versions it read from its Node, its log and lock.
 func agentsOwn(path string) bool {
-	switch filepath.Base(path) {
+	_, name, _ := strings.Cut(path, ":")
+	switch filepath.Base(name) {
 	case sandbox.DesiredVersionsFile, sandbox.LogFile, sandbox.LockFile:
 		return true
 	}
@@ -209,8 +222,8 @@ func agentsOwn(path string) bool {
 // machineFiles is the size and modification time of every file at the
 // top of each machine's directory (what the provider writes there; the
 // components' data is below): the local machines' under root, and
-// /var/lib/marina/machine on the first two SSH hosts.
-func machineFiles(t *testing.T, root string, onHost func(int, string) string) map[string]string {
+// /var/lib/marina/machine on each SSH host.
+func machineFiles(t *testing.T, root string, hosts int, onHost func(int, string) string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -225,7 +238,7 @@ func machineFiles(t *testing.T, root string, onHost func(int, string) string) ma
 		}
 		return nil
 	})
-	for i := 1; i <= 2; i++ {
+	for i := 1; i <= hosts; i++ {
 		for _, l := range strings.Split(strings.TrimSpace(onHost(i, "find /var/lib/marina/machine -maxdepth 1 -type f -printf '%f %s@%T@\\n'")), "\n") {
 			if name, v, ok := strings.Cut(l, " "); ok {
 				out[fmt.Sprintf("host %d:%s", i, name)] = v
@@ -233,4 +246,43 @@ func machineFiles(t *testing.T, root string, onHost func(int, string) string) ma
 		}
 	}
 	return out
+}
+
+// userBalancer runs, for cluster key, the balancer a user puts in front of
+// control-plane hosts: marina's own, started by hand on the management
+// host's end of the hosts' bridge, passing connections to the API servers
+// of hosts 1-3 that answer /readyz (verified with the cluster's CA). The
+// SSH provider makes no endpoint: nothing drains this balancer during an
+// upgrade; its health checks and its retry of a refused dial on another
+// backend are what keep requests from failing.
+func userBalancer(t *testing.T, ctx context.Context, c client.Client, key types.NamespacedName) {
+	t.Helper()
+	ca := &corev1.Secret{}
+	testenv.Eventually(t, time.Minute, "the cluster's CA", func() error {
+		return c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: key.Name + "-ca"}, ca)
+	})
+	dir := filepath.Join(t.TempDir(), "lb")
+	cfg := loadbalancer.FileConfig{Listen: "10.77.0.1:6443", Backends: []string{"10.77.0.11:6443", "10.77.0.12:6443", "10.77.0.13:6443"}}
+	if err := loadbalancer.WriteDir(dir, cfg, loadbalancer.TLSFiles{CA: ca.Data[corev1.TLSCertKey]}); err != nil {
+		t.Fatal(err)
+	}
+	logFile, err := os.Create(filepath.Join(dir, loadbalancer.LogFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	lb := exec.Command(marinaBin, "load-balancer", "--dir", dir)
+	lb.Stdout, lb.Stderr = logFile, logFile
+	if err := lb.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = lb.Process.Signal(syscall.SIGTERM)
+		_ = lb.Wait()
+		if t.Failed() {
+			if log, err := os.ReadFile(filepath.Join(dir, loadbalancer.LogFile)); err == nil {
+				t.Logf("the balancer's log:\n%s", log)
+			}
+		}
+	})
 }
