@@ -120,7 +120,7 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 	})
 	waitControlPlane(t, ctx, c, key, 3, 2*time.Minute)
 	waitWorkers(t, ctx, c, key, 2, upgradeFrom, 2*time.Minute)
-	testenv.Eventually(t, time.Minute, "the control-plane machine reporting "+upgradeFrom, func() error {
+	testenv.Eventually(t, time.Minute, "every control-plane machine reporting "+upgradeFrom, func() error {
 		for _, m := range controlPlaneMachines(t, ctx, c, key) {
 			if v := m.Status.Versions.ControlPlane; v == nil || v.APIServer != upgradeFrom {
 				return fmt.Errorf("machine %s reports %+v", m.Name, v)
