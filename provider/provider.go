@@ -238,6 +238,29 @@ type EndpointRequest struct {
 	// checks to the API servers. ClientKey is secret: stored 0600, never
 	// logged.
 	ClientCert, ClientKey []byte
+	// Host and Port are the endpoint the user set in
+	// spec.controlPlaneEndpoint, if any. A provider that can listen there
+	// makes the endpoint there; one that cannot returns an
+	// *EndpointElsewhereError: the address is then the user's own balancer.
+	// Empty, the provider picks the address.
+	Host string
+	Port int32
+}
+
+// EndpointElsewhereError says the provider cannot make the endpoint at the
+// address the user set (it is not one of the provider's): that address is
+// the user's to serve.
+type EndpointElsewhereError struct{ Host string }
+
+func (e *EndpointElsewhereError) Error() string {
+	return fmt.Sprintf("the control-plane endpoint's host %s is not an address the provider can listen on", e.Host)
+}
+
+// IsEndpointElsewhere reports whether err is (or wraps) an
+// *EndpointElsewhereError.
+func IsEndpointElsewhere(err error) bool {
+	var e *EndpointElsewhereError
+	return errors.As(err, &e)
 }
 
 // InstanceState is the provider's view of a machine's life.

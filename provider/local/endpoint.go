@@ -55,9 +55,25 @@ var (
 // reads; a change of backends is a file write it applies in place, and a
 // balancer that died is started again. The address is read back from the
 // directory, so it survives a restart of marina.
+//
+// An endpoint the user set (req.Host) that is an address of this machine,
+// such as its end of a bridge to servers, is where the balancer listens:
+// machines elsewhere reach the API servers, which stay on their loopback
+// addresses behind it. Any other host is the user's (*EndpointElsewhereError).
 func (p *Provider) EnsureEndpoint(ctx context.Context, req *provider.EndpointRequest) (string, int32, error) {
 	if err := checkUID(req.UID); err != nil {
 		return "", 0, err
+	}
+	listen := ""
+	if req.Host != "" {
+		local, err := isLocalAddress(req.Host)
+		if err != nil {
+			return "", 0, err
+		}
+		if !local {
+			return "", 0, &provider.EndpointElsewhereError{Host: req.Host}
+		}
+		listen = net.JoinHostPort(req.Host, strconv.Itoa(int(req.Port)))
 	}
 	if len(p.opts.LoadBalancerCommand) == 0 {
 		return "", 0, errors.New("local provider: Options.LoadBalancerCommand is not set: it cannot make control-plane endpoints")
@@ -67,7 +83,7 @@ func (p *Provider) EnsureEndpoint(ctx context.Context, req *provider.EndpointReq
 	cfg, err := readEndpointConfig(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		if cfg, err = p.allocateEndpoint(req.UID); err != nil {
+		if cfg, err = p.allocateEndpoint(req.UID, listen); err != nil {
 			return "", 0, fmt.Errorf("making the endpoint of cluster %s/%s: %w", req.Namespace, req.Name, err)
 		}
 	case err != nil:
@@ -166,10 +182,10 @@ func (p *Provider) endpointDir(uid types.UID) string {
 	return filepath.Join(p.root, endpointsDir, string(uid))
 }
 
-// allocateEndpoint picks the endpoint's address and writes its first
-// configuration, under the allocator's lock, so that no machine or other
-// endpoint gets the address.
-func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, error) {
+// allocateEndpoint picks the endpoint's address (listen, when the user set
+// it) and writes its first configuration, under the allocator's lock, so
+// that no machine or other endpoint gets the address.
+func (p *Provider) allocateEndpoint(uid types.UID, listen string) (loadbalancer.FileConfig, error) {
 	allocMu.Lock()
 	defer allocMu.Unlock()
 	// p.lock serialises one Provider's calls; another Provider of this
@@ -178,15 +194,18 @@ func (p *Provider) allocateEndpoint(uid types.UID) (loadbalancer.FileConfig, err
 	if cfg, err := readEndpointConfig(p.endpointDir(uid)); err == nil {
 		return cfg, nil
 	}
-	used, err := p.usedAddresses()
-	if err != nil {
-		return loadbalancer.FileConfig{}, err
+	if listen == "" {
+		used, err := p.usedAddresses()
+		if err != nil {
+			return loadbalancer.FileConfig{}, err
+		}
+		addr, err := pickAddress(uid, used)
+		if err != nil {
+			return loadbalancer.FileConfig{}, err
+		}
+		listen = net.JoinHostPort(addr, strconv.Itoa(EndpointPort))
 	}
-	addr, err := pickAddress(uid, used)
-	if err != nil {
-		return loadbalancer.FileConfig{}, err
-	}
-	cfg := endpointConfig(net.JoinHostPort(addr, strconv.Itoa(EndpointPort)), nil, nil)
+	cfg := endpointConfig(listen, nil, nil)
 	if err := os.MkdirAll(filepath.Join(p.root, endpointsDir), 0o700); err != nil {
 		return loadbalancer.FileConfig{}, err
 	}
@@ -243,6 +262,25 @@ func (p *Provider) endpointAddresses() ([]string, error) {
 		}
 	}
 	return addrs, nil
+}
+
+// isLocalAddress reports whether host is an IP address of one of this
+// machine's interfaces. A DNS name is not: it may resolve anywhere.
+func isLocalAddress(host string) (bool, error) {
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return false, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false, fmt.Errorf("listing this machine's addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func readEndpointConfig(dir string) (loadbalancer.FileConfig, error) {

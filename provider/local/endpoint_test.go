@@ -419,3 +419,65 @@ func inodes(t *testing.T, dir string) string {
 	}
 	return b.String()
 }
+
+// An endpoint the user set at an address of this machine is where the
+// balancer listens (so that machines elsewhere, such as servers on a
+// bridge, reach the API servers behind it); one at any other host is the
+// user's, and nothing is made for it.
+func TestEndpointAtTheUsersLocalAddress(t *testing.T) {
+	ctx := context.Background()
+	p := newProvider(t)
+	ca, err := pki.NewCA("kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A free port on 127.0.0.1, an address of this machine that the
+	// allocator never hands out.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+
+	req := &provider.EndpointRequest{UID: uuid.NewUUID(), Namespace: "default", Name: "c1", CAData: ca.CertPEM(), Host: "127.0.0.1", Port: int32(port)}
+	host, got, err := p.EnsureEndpoint(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != "127.0.0.1" || int(got) != port {
+		t.Fatalf("endpoint %s:%d, want the user's 127.0.0.1:%d", host, got, port)
+	}
+	be := backend(t, ca, "127.0.0.1")
+	req.Backends = []string{be}
+	if h, pt, err := p.EnsureEndpoint(ctx, req); err != nil || h != host || pt != got {
+		t.Fatalf("second EnsureEndpoint: %s:%d, %v; want %s:%d", h, pt, err, host, got)
+	}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		InsecureSkipVerify: true, // the test server's certificate is not what is checked here
+	}}}
+	testenv.Eventually(t, 20*time.Second, "a request to the user's address reaches the backend", func() error {
+		resp, err := client.Get("https://" + net.JoinHostPort(host, strconv.Itoa(port)) + "/hello")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if string(body) != "ok /hello" {
+			return fmt.Errorf("got %q", body)
+		}
+		return nil
+	})
+	if err := p.DeleteEndpoint(ctx, req.UID); err != nil {
+		t.Fatal(err)
+	}
+
+	// 192.0.2.1 (TEST-NET-1) is no address of this machine: the user's.
+	other := &provider.EndpointRequest{UID: uuid.NewUUID(), Namespace: "default", Name: "c2", CAData: ca.CertPEM(), Host: "192.0.2.1", Port: 6443}
+	if _, _, err := p.EnsureEndpoint(ctx, other); !provider.IsEndpointElsewhere(err) {
+		t.Fatalf("EnsureEndpoint at 192.0.2.1: %v, want an EndpointElsewhereError", err)
+	}
+	if uids, err := p.EndpointUIDs(); err != nil || len(uids) != 0 {
+		t.Errorf("endpoints after a request for another machine's address: %v, %v; want none", uids, err)
+	}
+}

@@ -86,22 +86,29 @@ func (r *Reconciler) versionAvailable(cluster *clusterv1.Cluster, prov provider.
 // endpoint makes sure the cluster has its control-plane endpoint: one the
 // user set, or one the provider makes, recorded in
 // spec.controlPlaneEndpoint before any machine exists (every API server
-// certificate names it).
+// certificate names it). An endpoint the user set is made by the provider
+// when it can listen there (the local provider, at an address of this
+// machine); otherwise it is the user's own balancer.
 func (r *Reconciler) endpoint(ctx context.Context, cluster *clusterv1.Cluster, prov provider.Provider, set *clusterpki.Set) (bool, error) {
 	ep := cluster.Spec.ControlPlaneEndpoint
-	if ep.Host != "" && cluster.Annotations[clusterv1.ManagedEndpointAnnotation] != "true" {
-		return true, nil // the user's
+	if ep.Host != "" && cluster.Annotations[clusterv1.ManagedEndpointAnnotation] == "true" {
+		return true, nil // made; endpointBackends keeps it current
 	}
 	eps, ok := prov.(provider.EndpointProvider)
 	if !ok {
+		if ep.Host != "" {
+			return true, nil // the user's
+		}
 		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionFalse, clusterv1.ClusterEndpointUnavailableReason,
 			fmt.Sprintf("provider %s cannot make a control-plane endpoint: set spec.controlPlaneEndpoint to a load balancer in front of the control-plane machines", prov.Name()))
 		return false, nil
 	}
-	if ep.Host != "" {
-		return true, nil // made; endpointBackends keeps it current
+	req := endpointRequest(cluster, set, nil)
+	req.Host, req.Port = ep.Host, ep.Port
+	host, port, err := eps.EnsureEndpoint(ctx, req)
+	if provider.IsEndpointElsewhere(err) {
+		return true, nil // the user's
 	}
-	host, port, err := eps.EnsureEndpoint(ctx, endpointRequest(cluster, set, nil))
 	if err != nil {
 		return false, fmt.Errorf("making the control-plane endpoint with provider %s: %w", prov.Name(), err)
 	}
