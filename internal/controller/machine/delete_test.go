@@ -147,20 +147,18 @@ func TestDrainLeavesPodsOnANodeNotReadyBehind(t *testing.T) {
 	}
 }
 
-// unreachable points the cluster's kubeconfig Secret at a loopback port
-// nothing listens on, as when the workload cluster's control plane is down,
-// and restores it (and removes the Node left behind) when the test ends.
-func (f *fixture) unreachable(node string) {
+// pointKubeconfigAt rewrites the cluster's kubeconfig Secret to reach the
+// workload cluster's API server at hostPort.
+func (f *fixture) pointKubeconfigAt(hostPort string) {
 	f.t.Helper()
 	cfg, err := clientcmd.Load(workload.Kubeconfig)
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	port := testenv.FreePorts(f.t, 1)
 	for _, c := range cfg.Clusters {
-		c.Server = "https://127.0.0.1:" + strconv.Itoa(port)
+		c.Server = "https://" + hostPort
 	}
-	dead, err := clientcmd.Write(*cfg)
+	kubeconfig, err := clientcmd.Write(*cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -170,10 +168,18 @@ func (f *fixture) unreachable(node string) {
 	if err := mgmt.Client.Get(ctx, key, secret); err != nil {
 		f.t.Fatal(err)
 	}
-	secret.Data[remote.KubeconfigSecretKey] = dead
+	secret.Data[remote.KubeconfigSecretKey] = kubeconfig
 	if err := mgmt.Client.Update(ctx, secret); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// unreachable points the cluster's kubeconfig Secret at a loopback port
+// nothing listens on, as when the workload cluster's control plane is down,
+// and restores it (and removes the Node left behind) when the test ends.
+func (f *fixture) unreachable(node string) {
+	f.t.Helper()
+	f.pointKubeconfigAt("127.0.0.1:" + strconv.Itoa(testenv.FreePorts(f.t, 1)))
 	f.t.Cleanup(func() {
 		_ = workload.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
 	})

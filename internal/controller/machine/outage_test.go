@@ -11,15 +11,11 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
-	"marina.dev/marina/internal/remote"
 )
 
 // Commit 2283722: the workload cluster answered marina's lookup (its
@@ -134,27 +130,7 @@ func (f *fixture) behindBalancer() *balancer {
 	go b.serve()
 	f.t.Cleanup(func() { _ = ln.Close(); b.cut() })
 
-	cfg, err := clientcmd.Load(workload.Kubeconfig)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for _, c := range cfg.Clusters {
-		c.Server = "https://" + ln.Addr().String()
-	}
-	kubeconfig, err := clientcmd.Write(*cfg)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	ctx := context.Background()
-	secret := &corev1.Secret{}
-	key := types.NamespacedName{Namespace: f.ns, Name: remote.KubeconfigSecretName(f.cluster)}
-	if err := mgmt.Client.Get(ctx, key, secret); err != nil {
-		f.t.Fatal(err)
-	}
-	secret.Data[remote.KubeconfigSecretKey] = kubeconfig
-	if err := mgmt.Client.Update(ctx, secret); err != nil {
-		f.t.Fatal(err)
-	}
+	f.pointKubeconfigAt(ln.Addr().String())
 	return b
 }
 
