@@ -144,7 +144,9 @@ type Versions struct {
 type Request struct {
 	// UID is the Machine's UID: the idempotency key of every call.
 	UID types.UID
-	// Namespace and Name of the Machine, for naming and logs.
+	// Namespace and Name of the Machine, for naming and logs. A worker's
+	// Node registers under Name: marina approves the node certificate a
+	// worker asks for with its bootstrap token for that name only.
 	Namespace, Name string
 	// Machine is the Machine's spec, with the class's node labels and taints
 	// already merged in (M5).

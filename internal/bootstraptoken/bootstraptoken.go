@@ -2,8 +2,8 @@
 // do, whoever runs its control plane (issue 24): a short-lived bootstrap
 // token per machine
 // in the workload cluster, used once for TLS bootstrap (a CSR for
-// system:node:<name>, approved and signed by the cluster's
-// kube-controller-manager), after which the machine runs with its own node
+// system:node:<name>, approved by marina for the machine's own Node only
+// and signed by the cluster's kube-controller-manager), after which the machine runs with its own node
 // certificate under the Node authorizer and NodeRestriction.
 package bootstraptoken
 
@@ -136,18 +136,31 @@ func random(n int) (string, error) {
 	return string(out), nil
 }
 
-// bindings are kubeadm's: bootstrap tokens may ask for node client
-// certificates, which kube-controller-manager approves, and nodes may renew
-// their own.
+// Username is the user the API server authenticates the machine's token
+// as: system:bootstrap:<token id>. A certificate request made with the
+// token carries it, which is how marina tells whose request it is.
+func Username(uid types.UID) string { return "system:bootstrap:" + idFor(uid) }
+
+// bindings let bootstrap tokens ask for node client certificates, and nodes
+// renew their own (kube-controller-manager approves a renewal only for the
+// name the node already holds). Unlike kubeadm, bootstrap tokens get no
+// automatic approval: kube-controller-manager would sign whatever node
+// name a token's holder asks for, so marina approves a worker's first
+// certificate itself, for its Machine's Node only (package nodecsr).
 var bindings = []struct {
 	name, group, role string
 }{
 	{"marina:node-bootstrapper", "system:bootstrappers", "system:node-bootstrapper"},
-	{"marina:node-autoapprove-bootstrap", "system:bootstrappers", "system:certificates.k8s.io:certificatesigningrequests:nodeclient"},
 	{"marina:node-autoapprove-certificate-rotation", "system:nodes", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"},
 }
 
-// EnsureRBAC puts the bindings TLS bootstrap needs in the workload cluster.
+// autoApproveBinding is the binding earlier marina releases made, which let
+// kube-controller-manager approve any node name a bootstrap token asked
+// for. EnsureRBAC removes it.
+const autoApproveBinding = "marina:node-autoapprove-bootstrap"
+
+// EnsureRBAC puts the bindings TLS bootstrap needs in the workload cluster,
+// and removes the automatic approval an earlier marina granted.
 func EnsureRBAC(ctx context.Context, cs kubernetes.Interface) error {
 	c := cs.RbacV1().ClusterRoleBindings()
 	for _, b := range bindings {
@@ -159,6 +172,9 @@ func EnsureRBAC(ctx context.Context, cs kubernetes.Interface) error {
 		if _, err := c.Create(ctx, want, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating cluster role binding %s: %w", b.name, err)
 		}
+	}
+	if err := c.Delete(ctx, autoApproveBinding, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the automatic approval of bootstrap tokens' certificates (cluster role binding %s): %w", autoApproveBinding, err)
 	}
 	return nil
 }

@@ -399,10 +399,14 @@ func runAgent(t *testing.T, prefix string, timing timing) (node, dir, token stri
 }
 
 // joinToken allows TLS bootstrap on the API server, as the machine
-// controller does, and makes a bootstrap token of a new machine.
+// controller does (with kube-controller-manager approving in place of the
+// machine controller), and makes a bootstrap token of a new machine.
 func joinToken(t *testing.T, cs kubernetes.Interface) string {
 	t.Helper()
 	if err := bootstraptoken.EnsureRBAC(t.Context(), cs); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.ApproveBootstrapCertificates(t.Context(), cs); err != nil {
 		t.Fatal(err)
 	}
 	token, err := bootstraptoken.Ensure(t.Context(), cs, uuid.NewUUID(), bootstraptoken.DefaultTTL, time.Now())

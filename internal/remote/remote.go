@@ -7,9 +7,11 @@ import (
 	"sync"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
@@ -64,12 +66,25 @@ type Cluster struct {
 	Clientset kubernetes.Interface
 	// Nodes is a cache of the cluster's Nodes, indexed by NodeProviderIDIndex.
 	Nodes client.Reader
+	// csrs caches the kubelet client certificate requests when
+	// Options.OnCSREvent is set; nil otherwise.
+	csrs client.Reader
 
 	secretVersion string
 	stop          context.CancelFunc
 	lastUsed      time.Time
 	lastHealthy   time.Time
 }
+
+// CSREvent tells that a kubelet client certificate request of a cluster
+// changed.
+type CSREvent struct {
+	Cluster types.NamespacedName
+	CSR     *certificatesv1.CertificateSigningRequest
+}
+
+// CSRUsernameIndex indexes cached certificate requests by spec.username.
+const CSRUsernameIndex = "spec.username"
 
 // NodeEvent tells that a Node of a cluster changed.
 type NodeEvent struct {
@@ -86,6 +101,11 @@ type Options struct {
 	SyncTimeout time.Duration
 	// OnNodeEvent is called (from informer goroutines) when a Node changes.
 	OnNodeEvent func(NodeEvent)
+	// OnCSREvent, when set, makes the cache also hold each cluster's
+	// requests for kubelet client certificates (signer
+	// kubernetes.io/kube-apiserver-client-kubelet, indexed by
+	// CSRUsernameIndex) and is called when one changes.
+	OnCSREvent func(CSREvent)
 	// HealthInterval is how often a cached cluster's API server is probed
 	// (/readyz) before it is handed out again; a cluster that does not
 	// answer is dropped, so its stale Node cache is never trusted.
@@ -335,7 +355,11 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 	if err != nil {
 		return nil, fmt.Errorf("building clientset for cluster %s: %w", cluster, err)
 	}
-	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, HTTPClient: hc, Mapper: mapper, ByObject: map[client.Object]cache.ByObject{},
+	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, HTTPClient: hc, Mapper: mapper, ByObject: map[client.Object]cache.ByObject{
+		// Only kubelets' client certificate requests: nothing else is
+		// marina's to judge.
+		&certificatesv1.CertificateSigningRequest{}: {Field: fields.OneTermEqualSelector("spec.signerName", certificatesv1.KubeAPIServerClientKubeletSignerName)},
+	},
 		// Nothing reads a Node's managedFields; a thousand Nodes' are
 		// megabytes.
 		DefaultTransform: cache.TransformStripManagedFields()})
@@ -371,6 +395,13 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 			return nil, fmt.Errorf("watching nodes of cluster %s: %w", cluster, err)
 		}
 	}
+	var csrs client.Reader
+	if c.opts.OnCSREvent != nil {
+		if err := c.watchCSRs(ctx, cluster, nodes); err != nil {
+			return nil, err
+		}
+		csrs = nodes
+	}
 	// The informers live until the cluster is dropped, not until this request ends.
 	runCtx, stop := context.WithCancel(context.Background())
 	go func() { _ = nodes.Start(runCtx) }()
@@ -378,13 +409,14 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 	defer cancel()
 	if !nodes.WaitForCacheSync(syncCtx) {
 		stop()
-		return nil, fmt.Errorf("cluster %s is unreachable at %s: its Node cache did not sync within %s", cluster, cfg.Host, c.opts.SyncTimeout)
+		return nil, fmt.Errorf("cluster %s is unreachable at %s: its caches did not sync within %s", cluster, cfg.Host, c.opts.SyncTimeout)
 	}
 	return &Cluster{
 		Config:        cfg,
 		Client:        direct,
 		Clientset:     cs,
 		Nodes:         nodes,
+		csrs:          csrs,
 		secretVersion: secret.ResourceVersion,
 		stop:          stop,
 		lastUsed:      time.Now(),
@@ -407,4 +439,44 @@ func (cl *Cluster) NodeByProviderID(ctx context.Context, id string) (*corev1.Nod
 	default:
 		return nil, fmt.Errorf("%d nodes claim providerID %s", len(list.Items), id)
 	}
+}
+
+// watchCSRs adds to the cluster's cache its kubelet client certificate
+// requests, indexed by who made them, reported to Options.OnCSREvent.
+func (c *Cache) watchCSRs(ctx context.Context, cluster types.NamespacedName, ca cache.Cache) error {
+	if err := ca.IndexField(ctx, &certificatesv1.CertificateSigningRequest{}, CSRUsernameIndex, func(o client.Object) []string {
+		return []string{o.(*certificatesv1.CertificateSigningRequest).Spec.Username}
+	}); err != nil {
+		return fmt.Errorf("indexing certificate requests of cluster %s: %w", cluster, err)
+	}
+	informer, err := ca.GetInformer(ctx, &certificatesv1.CertificateSigningRequest{})
+	if err != nil {
+		return fmt.Errorf("watching certificate requests of cluster %s: %w", cluster, err)
+	}
+	notify := func(obj any) {
+		if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok {
+			c.opts.OnCSREvent(CSREvent{Cluster: cluster, CSR: csr})
+		}
+	}
+	// Deletions say nothing: a request gone needs no answer.
+	if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    notify,
+		UpdateFunc: func(_, n any) { notify(n) },
+	}); err != nil {
+		return fmt.Errorf("watching certificate requests of cluster %s: %w", cluster, err)
+	}
+	return nil
+}
+
+// KubeletCSRsOf lists the cluster's kubelet client certificate requests
+// made by user. The cache must have been built with Options.OnCSREvent.
+func (cl *Cluster) KubeletCSRsOf(ctx context.Context, user string) ([]certificatesv1.CertificateSigningRequest, error) {
+	if cl.csrs == nil {
+		return nil, errors.New("this cache does not hold certificate requests")
+	}
+	list := &certificatesv1.CertificateSigningRequestList{}
+	if err := cl.csrs.List(ctx, list, client.MatchingFields{CSRUsernameIndex: user}); err != nil {
+		return nil, fmt.Errorf("listing certificate requests of %s: %w", user, err)
+	}
+	return list.Items, nil
 }

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +9,10 @@ import (
 	"strings"
 	"syscall"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -141,4 +146,22 @@ func startCertificateControllers(kubeconfig []byte, ca *clientCA) (stop func(), 
 		_ = cmd.Wait()
 		logFile.Close()
 	}, nil
+}
+
+// ApproveBootstrapCertificates lets the workload cluster's
+// kube-controller-manager approve every node client certificate a
+// bootstrap token asks for, as kubeadm's clusters do. Tests of the node
+// agent and the providers, which run no machine controller, use it in
+// place of marina's approver (internal/nodecsr), which approves a
+// machine's own Node only.
+func ApproveBootstrapCertificates(ctx context.Context, cs kubernetes.Interface) error {
+	b := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "test:node-autoapprove-bootstrap"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:certificates.k8s.io:certificatesigningrequests:nodeclient"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:bootstrappers"}},
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("letting kube-controller-manager approve bootstrap certificates: %w", err)
+	}
+	return nil
 }

@@ -159,6 +159,9 @@ func joinToken(t *testing.T) (*testenv.Env, kubernetes.Interface, string) {
 	if err := bootstraptoken.EnsureRBAC(t.Context(), cs); err != nil {
 		t.Fatal(err)
 	}
+	if err := testenv.ApproveBootstrapCertificates(t.Context(), cs); err != nil {
+		t.Fatal(err)
+	}
 	token, err := bootstraptoken.Ensure(t.Context(), cs, uuid.NewUUID(), bootstraptoken.DefaultTTL, time.Now())
 	if err != nil {
 		t.Fatal(err)

@@ -10,12 +10,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstraptoken"
+	"marina.dev/marina/internal/nodecsr"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
 )
@@ -75,10 +77,10 @@ func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine, t s
 // bootstrapToken hands a worker a short-lived bootstrap token of its
 // cluster, for TLS bootstrap: the agent trades it for its own node
 // certificate, and never holds more than a node may do. It is the same for
-// every cluster, whoever runs its control plane: marina's runs
-// kube-controller-manager with the approver and signer, and so does any
-// conformant cluster someone else runs; marina only adds kubeadm's
-// bindings that let bootstrap tokens ask for node certificates.
+// every cluster, whoever runs its control plane: marina approves the
+// request (answerCertificateRequests) and the cluster's
+// kube-controller-manager signs it, as any conformant cluster's does;
+// marina adds the bindings that let bootstrap tokens ask.
 func (r *Reconciler) bootstrapToken(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster) (provider.Bootstrap, error) {
 	if err := r.bootstrapRBAC.ensure(ctx, cl, bootstraptoken.EnsureRBAC); err != nil {
 		return provider.Bootstrap{}, fmt.Errorf("allowing TLS bootstrap in the workload cluster: %w", err)
@@ -89,6 +91,39 @@ func (r *Reconciler) bootstrapToken(ctx context.Context, m *clusterv1.Machine, c
 		return provider.Bootstrap{}, err
 	}
 	return provider.Bootstrap{Server: cl.Config.Host, CAData: cl.Config.CAData, Token: token}, nil
+}
+
+// answerCertificateRequests approves the request for a node client
+// certificate the machine's agent made with its bootstrap token, when it
+// asks for the machine's own Node (the Node registers under the Machine's
+// name), and denies any other made with that token (issue 24: one node,
+// one identity; kube-controller-manager would approve any name).
+func (r *Reconciler) answerCertificateRequests(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster) error {
+	csrs, err := cl.KubeletCSRsOf(ctx, bootstraptoken.Username(clusterv1.InstanceKey(m)))
+	if err != nil {
+		return err
+	}
+	for i := range csrs {
+		csr := &csrs[i]
+		if nodecsr.Decided(csr) {
+			continue
+		}
+		v := nodecsr.Judge(csr, m.Name)
+		err := nodecsr.Apply(ctx, cl.Clientset, csr, v)
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			continue // answered or changed since the cache saw it: its event brings the machine back
+		}
+		if err != nil {
+			return fmt.Errorf("answering the node's certificate request: %w", err)
+		}
+		if v.Approve {
+			ctrl.LoggerFrom(ctx).V(1).Info("Approved the node's certificate request", "request", csr.Name)
+			continue
+		}
+		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, v.Reason, "ApproveNodeCertificate",
+			"denied certificate request %s made with this machine's bootstrap token: %s", csr.Name, v.Message)
+	}
+	return nil
 }
 
 // controlPlaneVersions are the versions the Node's agent says its

@@ -84,6 +84,9 @@ const (
 	classNameIndex  = "spec.classRef.name"
 	providerIDIndex = "status.providerID"
 	uidIndex        = "instanceKey"
+	// bootstrapUserIndex is the user the machine's bootstrap token
+	// authenticates as, which its certificate requests carry.
+	bootstrapUserIndex = "bootstrapUser"
 )
 
 // errCrash is what a test crash hook returns.
@@ -114,6 +117,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 		HealthInterval: opts.clusterHealthInterval,
 		Live:           mgr.GetAPIReader(),
 		OnNodeEvent:    r.nodeChanged,
+		OnCSREvent:     r.csrChanged,
 	})
 	if err := indexMachines(ctx, mgr); err != nil {
 		return nil, err

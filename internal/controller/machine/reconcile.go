@@ -314,6 +314,9 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.answerCertificateRequests(ctx, m, cl); err != nil {
+		return ctrl.Result{}, err
+	}
 	if node == nil {
 		m.Status.NodeRef = nil
 		setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionFalse, clusterv1.MachineNodeNotFoundReason,

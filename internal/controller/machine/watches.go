@@ -16,7 +16,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/bootstraptoken"
 	"marina.dev/marina/internal/controller/index"
+	"marina.dev/marina/internal/nodecsr"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
 )
@@ -30,6 +32,9 @@ func indexMachines(ctx context.Context, mgr ctrl.Manager) error {
 			return nil
 		},
 		uidIndex: func(o client.Object) []string { return []string{string(clusterv1.InstanceKey(o))} },
+		bootstrapUserIndex: func(o client.Object) []string {
+			return []string{bootstraptoken.Username(clusterv1.InstanceKey(o))}
+		},
 		providerIDIndex: func(o client.Object) []string {
 			if id := o.(*clusterv1.Machine).Status.ProviderID; id != "" {
 				return []string{id}
@@ -100,31 +105,40 @@ func (r *Reconciler) nodeChanged(e remote.NodeEvent) {
 	if e.Node.Spec.ProviderID == "" {
 		return
 	}
-	list := &clusterv1.MachineList{}
-	err := r.client.List(context.Background(), list, client.InNamespace(e.Cluster.Namespace),
-		client.MatchingFields{providerIDIndex: e.Node.Spec.ProviderID})
-	if err != nil {
-		ctrl.Log.WithName("machine").Error(err, "Listing machines for a node event", "node", e.Node.Name)
+	r.enqueue("a node event", func(*clusterv1.Machine) bool { return true },
+		client.InNamespace(e.Cluster.Namespace), client.MatchingFields{providerIDIndex: e.Node.Spec.ProviderID})
+}
+
+// csrChanged runs on a workload cluster's informer goroutine: it queues the
+// machine whose bootstrap token made a certificate request marina has not
+// answered yet.
+func (r *Reconciler) csrChanged(e remote.CSREvent) {
+	if !strings.HasPrefix(e.CSR.Spec.Username, "system:bootstrap:") || nodecsr.Decided(e.CSR) {
 		return
 	}
-	for i := range list.Items {
-		select {
-		case r.nodeEvents <- event.TypedGenericEvent[*clusterv1.Machine]{Object: &list.Items[i]}:
-		case <-r.done:
-			return
-		}
-	}
+	r.enqueue("a certificate request", func(m *clusterv1.Machine) bool { return m.Spec.ClusterName == e.Cluster.Name },
+		client.InNamespace(e.Cluster.Namespace), client.MatchingFields{bootstrapUserIndex: e.CSR.Spec.Username})
 }
 
 // instanceChanged runs on a provider's StateWatcher goroutine: it queues
 // the machine the provider saw stop or start.
 func (r *Reconciler) instanceChanged(uid types.UID) {
+	r.enqueue("a provider's state change", func(*clusterv1.Machine) bool { return true },
+		client.MatchingFields{uidIndex: string(uid)})
+}
+
+// enqueue queues, from an informer or watcher goroutine, the machines the
+// cache lists with opts that keep passes; what names the event for a log.
+func (r *Reconciler) enqueue(what string, keep func(*clusterv1.Machine) bool, opts ...client.ListOption) {
 	list := &clusterv1.MachineList{}
-	if err := r.client.List(context.Background(), list, client.MatchingFields{uidIndex: string(uid)}); err != nil {
-		ctrl.Log.WithName("machine").Error(err, "Listing machines for a provider's state change", "uid", uid)
+	if err := r.client.List(context.Background(), list, opts...); err != nil {
+		ctrl.Log.WithName("machine").Error(err, "Listing machines for "+what)
 		return
 	}
 	for i := range list.Items {
+		if !keep(&list.Items[i]) {
+			continue
+		}
 		select {
 		case r.nodeEvents <- event.TypedGenericEvent[*clusterv1.Machine]{Object: &list.Items[i]}:
 		case <-r.done:
