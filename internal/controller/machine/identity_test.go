@@ -25,8 +25,8 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstraptoken"
-	"marina.dev/marina/internal/nodecsr"
 	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/internal/nodecsr"
 )
 
 // Issue 24, finding 2: a worker of a cluster someone else runs (the
