@@ -93,6 +93,10 @@ const (
 	// MachineNodeNotFoundReason: no Node with the machine's providerID has
 	// registered yet, or it has been deleted.
 	MachineNodeNotFoundReason = "NodeNotFound"
+	// MachineNodeCertificateNotApprovedReason: no Node yet, and marina
+	// cannot answer the certificate request the machine's agent made to
+	// join (its kubeconfig of the cluster may not, say).
+	MachineNodeCertificateNotApprovedReason = "NodeCertificateNotApproved"
 
 	// MachineUpToDateCondition is True when every component of the machine
 	// runs the version its spec asks for.

@@ -84,7 +84,14 @@ func Ensure(ctx context.Context, cs kubernetes.Interface, uid types.UID, ttl tim
 	if err != nil {
 		return "", fmt.Errorf("reading bootstrap token %s: %w", id, err)
 	}
-	if exp, perr := time.Parse(time.RFC3339, string(cur.Data[keyExpiration])); perr == nil && exp.After(now.Add(time.Minute)) && len(cur.Data[keySecret]) == 16 {
+	exp, perr := time.Parse(time.RFC3339, string(cur.Data[keyExpiration]))
+	live := perr == nil && exp.After(now.Add(time.Minute))
+	if live && string(cur.Data[keyDescription]) != description(uid) {
+		// Six characters of a hash can collide: two machines never share
+		// a token, which would let each ask for the other's certificate.
+		return "", fmt.Errorf("bootstrap token %s belongs to another machine until %s", id, exp.UTC().Format(time.RFC3339))
+	}
+	if live && len(cur.Data[keySecret]) == 16 {
 		return id + "." + string(cur.Data[keySecret]), nil
 	}
 	want.ResourceVersion = cur.ResourceVersion
@@ -109,10 +116,12 @@ func newToken(id string, uid types.UID, ttl time.Duration, now time.Time) (*core
 			keySecret:      []byte(secret),
 			keyExpiration:  []byte(now.Add(ttl).UTC().Format(time.RFC3339)),
 			keyAuth:        []byte("true"),
-			keyDescription: []byte("marina: TLS bootstrap of machine " + string(uid)),
+			keyDescription: []byte(description(uid)),
 		},
 	}, secret, nil
 }
+
+func description(uid types.UID) string { return "marina: TLS bootstrap of machine " + string(uid) }
 
 // Delete removes the machine's token once it has joined; nil if gone.
 func Delete(ctx context.Context, cs kubernetes.Interface, uid types.UID) error {
@@ -173,7 +182,9 @@ func EnsureRBAC(ctx context.Context, cs kubernetes.Interface) error {
 			return fmt.Errorf("creating cluster role binding %s: %w", b.name, err)
 		}
 	}
-	if err := c.Delete(ctx, autoApproveBinding, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	// A kubeconfig that may not delete bindings (a cluster someone else
+	// runs) leaves it to the cluster's administrator: docs/security.md.
+	if err := c.Delete(ctx, autoApproveBinding, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) {
 		return fmt.Errorf("removing the automatic approval of bootstrap tokens' certificates (cluster role binding %s): %w", autoApproveBinding, err)
 	}
 	return nil

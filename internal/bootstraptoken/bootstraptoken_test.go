@@ -64,6 +64,16 @@ func TestEnsureHandsOutOneLiveTokenPerMachine(t *testing.T) {
 		t.Errorf("the Secret holds token %q, want the renewed %q", got, renewed)
 	}
 
+	// A live token of another machine whose id collides is never handed
+	// out (the id is six characters of a hash of the UID).
+	s.Data[keyDescription] = []byte(description("another-machine"))
+	if _, err := cs.CoreV1().Secrets(metav1.NamespaceSystem).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Ensure(ctx, cs, uid, time.Hour, now.Add(59*time.Minute+30*time.Second)); err == nil {
+		t.Errorf("a live token of another machine was handed out: %q", got)
+	}
+
 	for range 2 {
 		if err := Delete(ctx, cs, uid); err != nil {
 			t.Fatal(err)

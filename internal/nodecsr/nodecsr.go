@@ -26,6 +26,7 @@ import (
 const (
 	ApprovedReason  = "MarinaMachineJoin"
 	WrongNodeReason = "NotTheMachinesNode"
+	NodeTakenReason = "NodeNameTaken"
 	MalformedReason = "NotANodeClientCertificate"
 )
 
@@ -37,18 +38,40 @@ type Verdict struct {
 	Reason, Message string
 }
 
-// allowedUsages are what a node client certificate may be used for, as
-// kube-controller-manager's own check allows.
-var allowedUsages = []certificatesv1.KeyUsage{
-	certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageClientAuth,
+// allowedUsages are the sets of usages a node client certificate may ask
+// for, as kube-controller-manager's own check allows.
+var allowedUsages = [][]certificatesv1.KeyUsage{
+	{certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageClientAuth},
+	{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
+}
+
+func sameSet(a, b []certificatesv1.KeyUsage) bool {
+	for _, u := range a {
+		if !slices.Contains(b, u) {
+			return false
+		}
+	}
+	for _, u := range b {
+		if !slices.Contains(a, u) {
+			return false
+		}
+	}
+	return true
 }
 
 // Judge answers a request for a kubelet client certificate made with the
-// bootstrap token of a machine whose Node registers as node. A request
-// after the Node joined is judged the same: a stopped machine whose
-// certificate expired is handed a fresh token to join again, and whoever
-// could read the token could read the node's key beside it anyway.
-func Judge(csr *certificatesv1.CertificateSigningRequest, node string) Verdict {
+// bootstrap token of a machine whose Node registers as node. takenBy, when
+// not empty, says a Node of that name exists that is not the machine's
+// (its providerID): a Machine named after a node someone else runs (a
+// control-plane node of a cluster marina only adds workers to) must not
+// get that node's identity. A request after the machine's own Node joined
+// is judged the same as before: a stopped machine whose certificate
+// expired is handed a fresh token to join again, and whoever could read
+// the token could read the node's key beside it anyway.
+func Judge(csr *certificatesv1.CertificateSigningRequest, node, takenBy string) Verdict {
+	if !slices.Contains(csr.Spec.Groups, "system:bootstrappers") {
+		return Verdict{Reason: MalformedReason, Message: "not made with a bootstrap token (the requester is not in system:bootstrappers)"}
+	}
 	if csr.Spec.SignerName != certificatesv1.KubeAPIServerClientKubeletSignerName {
 		return Verdict{Reason: MalformedReason, Message: fmt.Sprintf("signer %q, want %s", csr.Spec.SignerName, certificatesv1.KubeAPIServerClientKubeletSignerName)}
 	}
@@ -60,19 +83,17 @@ func Judge(csr *certificatesv1.CertificateSigningRequest, node string) Verdict {
 	if req.Subject.CommonName != want {
 		return Verdict{Reason: WrongNodeReason, Message: fmt.Sprintf("asks for %q with the bootstrap token of the machine whose Node is %s", req.Subject.CommonName, node)}
 	}
+	if takenBy != "" {
+		return Verdict{Reason: NodeTakenReason, Message: fmt.Sprintf("a Node named %s exists that is not this machine's (its providerID is %q)", node, takenBy)}
+	}
 	if !slices.Equal(req.Subject.Organization, []string{"system:nodes"}) {
 		return Verdict{Reason: MalformedReason, Message: fmt.Sprintf("organizations %v, want [system:nodes]", req.Subject.Organization)}
 	}
 	if len(req.DNSNames)+len(req.IPAddresses)+len(req.EmailAddresses)+len(req.URIs) > 0 {
 		return Verdict{Reason: MalformedReason, Message: "a node client certificate has no subject alternative names"}
 	}
-	if !slices.Contains(csr.Spec.Usages, certificatesv1.UsageClientAuth) {
-		return Verdict{Reason: MalformedReason, Message: "usages lack client auth"}
-	}
-	for _, u := range csr.Spec.Usages {
-		if !slices.Contains(allowedUsages, u) {
-			return Verdict{Reason: MalformedReason, Message: fmt.Sprintf("usage %q is not a node client certificate's", u)}
-		}
+	if !slices.ContainsFunc(allowedUsages, func(set []certificatesv1.KeyUsage) bool { return sameSet(set, csr.Spec.Usages) }) {
+		return Verdict{Reason: MalformedReason, Message: fmt.Sprintf("usages %v, want digital signature and client auth (and key encipherment)", csr.Spec.Usages)}
 	}
 	return Verdict{Approve: true, Reason: ApprovedReason, Message: fmt.Sprintf("marina approves the client certificate of node %s, which its Machine registers as", node)}
 }

@@ -38,6 +38,8 @@ func TestJudge(t *testing.T) {
 		raw     []byte // instead of a request made from subject
 		signer  string
 		usages  []certificatesv1.KeyUsage
+		groups  []string // instead of a bootstrap token's
+		takenBy string
 		approve bool
 		reason  string
 	}{
@@ -49,6 +51,9 @@ func TestJudge(t *testing.T) {
 		{name: "its node with an IP address", subject: node, ips: []net.IP{net.ParseIP("10.0.0.1")}, usages: clientUsages, reason: MalformedReason},
 		{name: "a serving certificate", subject: node, usages: []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}, reason: MalformedReason},
 		{name: "client and server auth", subject: node, usages: append(clientUsages, certificatesv1.UsageServerAuth), reason: MalformedReason},
+		{name: "client auth alone", subject: node, usages: []certificatesv1.KeyUsage{certificatesv1.UsageClientAuth}, reason: MalformedReason},
+		{name: "its name, held by a Node that is not its", subject: node, usages: clientUsages, takenBy: "aws:///i-0123", reason: NodeTakenReason},
+		{name: "not a bootstrap token", subject: node, usages: clientUsages, groups: []string{"system:authenticated"}, reason: MalformedReason},
 		{name: "another signer", subject: node, signer: certificatesv1.KubeAPIServerClientSignerName, usages: clientUsages, reason: MalformedReason},
 		{name: "not PEM", raw: []byte("nonsense"), usages: clientUsages, reason: MalformedReason},
 	} {
@@ -61,10 +66,14 @@ func TestJudge(t *testing.T) {
 			if signer == "" {
 				signer = certificatesv1.KubeAPIServerClientKubeletSignerName
 			}
+			groups := tc.groups
+			if groups == nil {
+				groups = []string{"system:bootstrappers", "system:authenticated"}
+			}
 			csr := &certificatesv1.CertificateSigningRequest{Spec: certificatesv1.CertificateSigningRequestSpec{
-				Request: raw, SignerName: signer, Usages: tc.usages, Username: "system:bootstrap:abcdef",
+				Request: raw, SignerName: signer, Usages: tc.usages, Username: "system:bootstrap:abcdef", Groups: groups,
 			}}
-			v := Judge(csr, "w-1")
+			v := Judge(csr, "w-1", tc.takenBy)
 			if v.Approve != tc.approve || v.Reason != tc.reason {
 				t.Errorf("Judge = approve %v, reason %s (%s); want approve %v, reason %s", v.Approve, v.Reason, v.Message, tc.approve, tc.reason)
 			}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -67,8 +69,10 @@ type Cluster struct {
 	// Nodes is a cache of the cluster's Nodes, indexed by NodeProviderIDIndex.
 	Nodes client.Reader
 	// csrs caches the kubelet client certificate requests when
-	// Options.OnCSREvent is set; nil otherwise.
-	csrs client.Reader
+	// Options.OnCSREvent is set and marina may answer them; nil otherwise,
+	// with csrErr saying why when it was asked for.
+	csrs   client.Reader
+	csrErr error
 
 	secretVersion string
 	stop          context.CancelFunc
@@ -355,11 +359,24 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 	if err != nil {
 		return nil, fmt.Errorf("building clientset for cluster %s: %w", cluster, err)
 	}
-	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, HTTPClient: hc, Mapper: mapper, ByObject: map[client.Object]cache.ByObject{
-		// Only kubelets' client certificate requests: nothing else is
-		// marina's to judge.
-		&certificatesv1.CertificateSigningRequest{}: {Field: fields.OneTermEqualSelector("spec.signerName", certificatesv1.KubeAPIServerClientKubeletSignerName)},
-	},
+	// A kubeconfig that may not watch and answer certificate requests (a
+	// cluster someone else runs) costs only the approval, said on each
+	// joining machine: the Nodes are watched all the same.
+	var csrErr error
+	byObject := map[client.Object]cache.ByObject{}
+	if c.opts.OnCSREvent != nil {
+		csrErr = mayAnswerCSRs(ctx, cs)
+		if csrErr != nil && !errors.Is(csrErr, ErrMayNotAnswerCSRs) {
+			return nil, fmt.Errorf("cluster %s at %s: %w", cluster, cfg.Host, csrErr)
+		}
+		if csrErr == nil {
+			// Only kubelets' client certificate requests: nothing else is
+			// marina's to judge.
+			byObject[&certificatesv1.CertificateSigningRequest{}] = cache.ByObject{
+				Field: fields.OneTermEqualSelector("spec.signerName", certificatesv1.KubeAPIServerClientKubeletSignerName)}
+		}
+	}
+	nodes, err := cache.New(cfg, cache.Options{Scheme: c.scheme, HTTPClient: hc, Mapper: mapper, ByObject: byObject,
 		// Nothing reads a Node's managedFields; a thousand Nodes' are
 		// megabytes.
 		DefaultTransform: cache.TransformStripManagedFields()})
@@ -396,7 +413,7 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 		}
 	}
 	var csrs client.Reader
-	if c.opts.OnCSREvent != nil {
+	if c.opts.OnCSREvent != nil && csrErr == nil {
 		if err := c.watchCSRs(ctx, cluster, nodes); err != nil {
 			return nil, err
 		}
@@ -417,6 +434,7 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 		Clientset:     cs,
 		Nodes:         nodes,
 		csrs:          csrs,
+		csrErr:        csrErr,
 		secretVersion: secret.ResourceVersion,
 		stop:          stop,
 		lastUsed:      time.Now(),
@@ -471,6 +489,9 @@ func (c *Cache) watchCSRs(ctx context.Context, cluster types.NamespacedName, ca 
 // KubeletCSRsOf lists the cluster's kubelet client certificate requests
 // made by user. The cache must have been built with Options.OnCSREvent.
 func (cl *Cluster) KubeletCSRsOf(ctx context.Context, user string) ([]certificatesv1.CertificateSigningRequest, error) {
+	if cl.csrErr != nil {
+		return nil, cl.csrErr
+	}
 	if cl.csrs == nil {
 		return nil, errors.New("this cache does not hold certificate requests")
 	}
@@ -479,4 +500,43 @@ func (cl *Cluster) KubeletCSRsOf(ctx context.Context, user string) ([]certificat
 		return nil, fmt.Errorf("listing certificate requests of %s: %w", user, err)
 	}
 	return list.Items, nil
+}
+
+// csrRights are what answering kubelets' certificate requests takes.
+var csrRights = []authorizationv1.ResourceAttributes{
+	{Group: certificatesv1.GroupName, Resource: "certificatesigningrequests", Verb: "list"},
+	{Group: certificatesv1.GroupName, Resource: "certificatesigningrequests", Verb: "watch"},
+	{Group: certificatesv1.GroupName, Resource: "certificatesigningrequests", Subresource: "approval", Verb: "update"},
+	{Group: certificatesv1.GroupName, Resource: "signers", Name: certificatesv1.KubeAPIServerClientKubeletSignerName, Verb: "approve"},
+}
+
+// ErrMayNotAnswerCSRs says marina's kubeconfig of a cluster may not watch
+// or answer its kubelets' certificate requests.
+var ErrMayNotAnswerCSRs = errors.New("marina's kubeconfig of the cluster may not answer its kubelets' certificate requests")
+
+// mayAnswerCSRs asks the cluster whether marina's credential may do what
+// answering kubelets' certificate requests takes.
+func mayAnswerCSRs(ctx context.Context, cs kubernetes.Interface) error {
+	var missing []string
+	for _, ra := range csrRights {
+		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &ra}}
+		got, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("asking whether marina may answer certificate requests: %w", err)
+		}
+		if !got.Status.Allowed {
+			what := ra.Verb + " " + ra.Resource
+			if ra.Subresource != "" {
+				what += "/" + ra.Subresource
+			}
+			if ra.Name != "" {
+				what += " " + ra.Name
+			}
+			missing = append(missing, what)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: grant it %s (%s)", ErrMayNotAnswerCSRs, strings.Join(missing, ", "), certificatesv1.GroupName)
+	}
+	return nil
 }

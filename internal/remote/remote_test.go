@@ -11,11 +11,15 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/testenv"
@@ -210,4 +214,70 @@ func TestUnreachableClusterFailsFastUntilRetry(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A kubeconfig that may watch Nodes but not answer certificate requests (a
+// cluster someone else runs, its administrator stingy) still serves the
+// Nodes; asking for the certificate requests says what is missing.
+func TestACredentialThatMayNotAnswerCertificateRequestsStillWatchesNodes(t *testing.T) {
+	ctx := t.Context()
+	mgmt, workload, _, _ := startClusters(t)
+	cs := kubernetes.NewForConfigOrDie(workload.Config)
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "nodes-only"}}
+	if _, err := cs.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "nodes-only"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}}}
+	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "nodes-only"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "nodes-only"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: "nodes-only"}}}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := cs.CoreV1().ServiceAccounts("default").CreateToken(ctx, "nodes-only", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := clientcmd.Write(clientcmdapi.Config{
+		Clusters:       map[string]*clientcmdapi.Cluster{"c": {Server: workload.Config.Host, CertificateAuthorityData: workload.Config.CAData}},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{"u": {Token: tok.Status.Token}},
+		Contexts:       map[string]*clientcmdapi.Context{"c": {Cluster: "c", AuthInfo: "u"}},
+		CurrentContext: "c",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: KubeconfigSecretName("stingy"), Namespace: "default"},
+		Data:       map[string][]byte{KubeconfigSecretKey: kubeconfig},
+	}
+	if err := mgmt.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{ProviderID: "local://stingy"}}
+	if err := workload.Client.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+
+	c := NewCache(mgmt.Client, scheme.New(), Options{
+		SyncTimeout: 5 * time.Second,
+		OnNodeEvent: func(NodeEvent) {},
+		OnCSREvent:  func(CSREvent) {},
+	})
+	defer c.Stop()
+	cl, err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "stingy"})
+	if err != nil {
+		t.Fatalf("a kubeconfig that may watch Nodes: %v", err)
+	}
+	if found, err := cl.NodeByProviderID(ctx, "local://stingy"); err != nil || found == nil {
+		t.Errorf("NodeByProviderID = %v, %v; want n1", found, err)
+	}
+	_, err = cl.KubeletCSRsOf(ctx, "system:bootstrap:abcdef")
+	if !errors.Is(err, ErrMayNotAnswerCSRs) || !strings.Contains(err.Error(), "list certificatesigningrequests") || !strings.Contains(err.Error(), "approve signers") {
+		t.Errorf("KubeletCSRsOf = %v, want ErrMayNotAnswerCSRs naming the rights missing", err)
+	}
 }

@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstraptoken"
@@ -100,6 +103,10 @@ func (r *Reconciler) bootstrapToken(ctx context.Context, m *clusterv1.Machine, c
 // one identity; kube-controller-manager would approve any name).
 func (r *Reconciler) answerCertificateRequests(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster) error {
 	csrs, err := cl.KubeletCSRsOf(ctx, bootstraptoken.Username(clusterv1.InstanceKey(m)))
+	if err != nil || !slices.ContainsFunc(csrs, func(c certificatesv1.CertificateSigningRequest) bool { return !nodecsr.Decided(&c) }) {
+		return err
+	}
+	takenBy, err := nodeNameTakenBy(ctx, cl, m)
 	if err != nil {
 		return err
 	}
@@ -108,7 +115,7 @@ func (r *Reconciler) answerCertificateRequests(ctx context.Context, m *clusterv1
 		if nodecsr.Decided(csr) {
 			continue
 		}
-		v := nodecsr.Judge(csr, m.Name)
+		v := nodecsr.Judge(csr, m.Name, takenBy)
 		err := nodecsr.Apply(ctx, cl.Clientset, csr, v)
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			continue // answered or changed since the cache saw it: its event brings the machine back
@@ -124,6 +131,26 @@ func (r *Reconciler) answerCertificateRequests(ctx context.Context, m *clusterv1
 			"denied certificate request %s made with this machine's bootstrap token: %s", csr.Name, v.Message)
 	}
 	return nil
+}
+
+// nodeNameTakenBy is the providerID of a Node that bears the machine's
+// name and is not the machine's; "" when there is none.
+func nodeNameTakenBy(ctx context.Context, cl *remote.Cluster, m *clusterv1.Machine) (string, error) {
+	node := &corev1.Node{}
+	err := cl.Nodes.Get(ctx, client.ObjectKey{Name: m.Name}, node)
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading Node %s: %w", m.Name, err)
+	}
+	if node.Spec.ProviderID == m.Status.ProviderID {
+		return "", nil
+	}
+	if node.Spec.ProviderID == "" {
+		return "(none)", nil
+	}
+	return node.Spec.ProviderID, nil
 }
 
 // controlPlaneVersions are the versions the Node's agent says its

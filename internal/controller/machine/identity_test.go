@@ -91,6 +91,38 @@ func TestABootstrapTokenGetsOnlyItsMachinesNodeCertificate(t *testing.T) {
 		t.Errorf("the automatic approval of bootstrap tokens' certificates (%s): err = %v, want NotFound", legacy.Name, err)
 	}
 
+	// A Machine named after a Node someone else runs (a control-plane node
+	// of a cluster marina only adds workers to) does not get its identity.
+	taken := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: f.ns + "-taken"}, Spec: corev1.NodeSpec{ProviderID: "elsewhere://taken"}}
+	if err := workload.Client.Create(ctx, taken); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = workload.Client.Delete(context.Background(), taken) })
+	impostor := f.create(f.machine("taken", ""))
+	eventually(t, 60*time.Second, "the impostor's certificate request denied", func() (bool, error) {
+		if err := mgmt.Client.Get(ctx, client.ObjectKeyFromObject(impostor), impostor); err != nil {
+			return false, err
+		}
+		list, err := workloadCS.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, csr := range list.Items {
+			if csr.Spec.Username != bootstraptoken.Username(clusterv1.InstanceKey(impostor)) {
+				continue
+			}
+			for _, c := range csr.Status.Conditions {
+				if c.Type == certificatesv1.CertificateApproved {
+					t.Fatalf("the certificate of Node %s, which is not its, was approved for Machine %s", taken.Name, impostor.Name)
+				}
+				if c.Type == certificatesv1.CertificateDenied && c.Reason == nodecsr.NodeTakenReason {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+
 	// The token, as read from the machine's sandbox in its minutes.
 	token, err := bootstraptoken.Ensure(ctx, workloadCS, clusterv1.InstanceKey(got), bootstraptoken.DefaultTTL, time.Now())
 	if err != nil {

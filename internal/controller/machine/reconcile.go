@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -301,6 +302,10 @@ func (r *Reconciler) describe(ctx context.Context, m *clusterv1.Machine, prov pr
 	return inst, nil
 }
 
+// nodeRecheck is how often a machine waiting for its Node looks again
+// without an event.
+const nodeRecheck = 30 * time.Second
+
 // reconcileNode finds the machine's Node by providerID, records it, mirrors
 // its readiness, writes on it the versions staged this pass (desired, when
 // not nil), and keeps the machine's labels and taints on it (when its
@@ -314,15 +319,26 @@ func (r *Reconciler) reconcileNode(ctx context.Context, m *clusterv1.Machine, re
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.answerCertificateRequests(ctx, m, cl); err != nil {
-		return ctrl.Result{}, err
-	}
+	answerErr := r.answerCertificateRequests(ctx, m, cl)
 	if node == nil {
 		m.Status.NodeRef = nil
+		if answerErr != nil {
+			setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionFalse, clusterv1.MachineNodeCertificateNotApprovedReason,
+				fmt.Sprintf("waiting for a Node with spec.providerID %s to register; its agent's certificate request cannot be answered (retrying): %v", m.Status.ProviderID, answerErr))
+			setReady(m)
+			return ctrl.Result{}, answerErr
+		}
 		setCondition(m, clusterv1.MachineNodeReadyCondition, metav1.ConditionFalse, clusterv1.MachineNodeNotFoundReason,
 			fmt.Sprintf("waiting for a Node with spec.providerID %s to register", m.Status.ProviderID))
 		setReady(m)
-		return ctrl.Result{}, nil // the Node watch brings the machine back
+		// The Node and certificate request watches bring the machine back;
+		// the requeue is for a cluster the cache dropped, which no longer
+		// watches.
+		return ctrl.Result{RequeueAfter: nodeRecheck}, nil
+	}
+	if answerErr != nil {
+		// The Node is there: its machine is served all the same.
+		ctrl.LoggerFrom(ctx).Error(answerErr, "Answering certificate requests of a joined machine")
 	}
 	if m.Status.NodeRef == nil && !hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) {
 		// The worker has joined: its bootstrap token has served. Were this
