@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -262,6 +264,29 @@ func (e *EndpointElsewhereError) Error() string {
 // *EndpointElsewhereError.
 func IsEndpointElsewhere(err error) bool {
 	var e *EndpointElsewhereError
+	return errors.As(err, &e)
+}
+
+// EndpointNotAllowedError says the user set the endpoint at an address the
+// provider could listen on but its operator did not open to clusters (the
+// management host's own addresses, say, where a cluster's balancer could
+// take a port the management plane needs).
+type EndpointNotAllowedError struct {
+	Host string
+	Port int32
+	// Why says what the operator allows and how to change it.
+	Why string
+}
+
+func (e *EndpointNotAllowedError) Error() string {
+	return fmt.Sprintf("the control-plane endpoint %s is an address of this host that clusters may not listen on: %s",
+		net.JoinHostPort(e.Host, strconv.Itoa(int(e.Port))), e.Why)
+}
+
+// IsEndpointNotAllowed reports whether err is (or wraps) an
+// *EndpointNotAllowedError.
+func IsEndpointNotAllowed(err error) bool {
+	var e *EndpointNotAllowedError
 	return errors.As(err, &e)
 }
 

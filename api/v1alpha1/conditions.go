@@ -204,6 +204,10 @@ const (
 	// ClusterEndpointUnavailableReason: the cluster has no control-plane
 	// endpoint and its provider cannot make one.
 	ClusterEndpointUnavailableReason = "EndpointUnavailable"
+	// ClusterEndpointNotAllowedReason: spec.controlPlaneEndpoint is an
+	// address of the management host that its operator did not open to
+	// clusters.
+	ClusterEndpointNotAllowedReason = "EndpointNotAllowed"
 
 	// ClusterControlPlaneMachinesOwnedCondition is False while machines
 	// carry this cluster's control-plane labels without the Cluster being

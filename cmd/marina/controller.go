@@ -24,6 +24,7 @@ import (
 
 func newControllerCommand() *cobra.Command {
 	var kubeconfig, localDir, sshDir, binDir, webhookService, webhookHost string
+	var endpointAddrs []string
 	webhookPort := 9443
 	// The serving key is kept in the state directory (mode 0700), never
 	// under a fixed name in the shared /tmp, where another local user could
@@ -62,7 +63,11 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				if err != nil {
 					return err
 				}
-				local, err := newLocalProvider(localDir, binDir, planeID)
+				endpoints, err := parseEndpointAddresses(endpointAddrs)
+				if err != nil {
+					return err
+				}
+				local, err := newLocalProvider(localDir, binDir, planeID, endpoints)
 				if err != nil {
 					return err
 				}
@@ -134,6 +139,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.BoolVar(&opts.LeaderElection, "leader-elect", opts.LeaderElection, "elect a leader among replicas")
 	f.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader election Lease")
 	f.StringVar(&localDir, "local-provider-dir", "", "run the local provider, keeping machine sandboxes in this directory (empty: no local provider)")
+	f.StringSliceVar(&endpointAddrs, "endpoint-addresses", nil, endpointAddressesUsage)
 	f.StringVar(&sshDir, "ssh-provider-dir", "", "run the SSH provider (kind SSHMachine), keeping its record of which host each machine holds in this directory (empty: no SSH provider)")
 	f.StringVar(&binDir, "bin-dir", envOr("MARINA_BIN_DIR", defaultBinDir()), "directory holding the components make setup built: the control-plane versions the local provider can run and the SSH provider copies to hosts (env MARINA_BIN_DIR)")
 	f.DurationVar(&opts.OrphanGrace, "orphan-grace", 2*time.Minute, "how long a machine or endpoint of a provider that no object names is left before it is removed")

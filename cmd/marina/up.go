@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -38,6 +39,7 @@ func newUpCommand() *cobra.Command {
 	var logFile string // empty with -v: the log goes to stderr
 	var machinesDir string
 	var orphanGrace time.Duration
+	var endpointAddrs []string
 	pinned := tools.Pinned()
 	opts := plane.Options{
 		StateDir:    envOr("MARINA_STATE_DIR", defaultStateDir()),
@@ -87,7 +89,11 @@ instead, at verbosity N (-v 0 included).`,
 			if machinesDir == "" {
 				machinesDir = filepath.Join(opts.StateDir, "machines")
 			}
-			return runUp(ctx, cmd, opts, logFile, machinesDir, orphanGrace)
+			endpoints, err := parseEndpointAddresses(endpointAddrs)
+			if err != nil {
+				return err
+			}
+			return runUp(ctx, cmd, opts, logFile, machinesDir, orphanGrace, endpoints)
 		},
 	}
 	f := cmd.Flags()
@@ -98,11 +104,12 @@ instead, at verbosity N (-v 0 included).`,
 	f.IntVar(&opts.EtcdPort, "etcd-port", opts.EtcdPort, "etcd client port on 127.0.0.1 (the peer port is the next one)")
 	f.IntVar(&opts.WebhookPort, "webhook-port", opts.WebhookPort, "port on 127.0.0.1 of marina's admission webhook, which the API server calls to check every marina object")
 	f.DurationVar(&orphanGrace, "orphan-grace", 2*time.Minute, "how long a machine sandbox or endpoint that no object names is left before it is removed")
+	f.StringSliceVar(&endpointAddrs, "endpoint-addresses", nil, endpointAddressesUsage)
 	f.StringVar(&machinesDir, "machines-dir", "", "directory holding the local provider's machine sandboxes (default: machines in the state directory); a target of marina move on this host uses the source's")
 	return cmd
 }
 
-func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile, machinesDir string, orphanGrace time.Duration) error {
+func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile, machinesDir string, orphanGrace time.Duration, endpoints []netip.Prefix) error {
 	out := cmd.OutOrStdout()
 	opts.Progress = out
 	p, err := plane.Start(ctx, opts)
@@ -133,7 +140,7 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile,
 	if err != nil {
 		return err
 	}
-	local, err := newLocalProvider(machinesDir, opts.BinDir, planeID)
+	local, err := newLocalProvider(machinesDir, opts.BinDir, planeID, endpoints)
 	if err != nil {
 		return err
 	}
@@ -218,12 +225,13 @@ func installWebhook(ctx context.Context, c client.Client, mgr ctrl.Manager, p *p
 // newLocalProvider keeps sandboxes under root and starts their agents with
 // this very binary (marina node-agent). binDir holds the control-plane
 // versions it can run.
-func newLocalProvider(root, binDir, planeID string) (*local.Provider, error) {
+func newLocalProvider(root, binDir, planeID string, endpoints []netip.Prefix) (*local.Provider, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
-	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"}, BinDir: binDir, Plane: planeID})
+	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"},
+		BinDir: binDir, Plane: planeID, EndpointAddresses: endpoints})
 }
 
 // newSSHProvider keeps its records of machines under stateDir and copies
@@ -235,4 +243,25 @@ func newSSHProvider(stateDir, binDir string) (*sshprov.Provider, error) {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
 	return sshprov.New(sshprov.Options{StateDir: stateDir, AgentBinary: exe, BinDir: binDir})
+}
+
+// endpointAddressesUsage is the --endpoint-addresses flag's help, the same
+// for marina up and marina controller.
+const endpointAddressesUsage = "addresses of this host (IPs or CIDRs, e.g. the host's end of a bridge to servers) where a Cluster's own spec.controlPlaneEndpoint may make the local provider listen; a Cluster that sets it at another address of this host is refused (default: none)"
+
+// parseEndpointAddresses reads --endpoint-addresses: IPs or CIDRs.
+func parseEndpointAddresses(in []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, s := range in {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("--endpoint-addresses: %q is neither an IP address nor a CIDR", s)
+		}
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
 }

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -72,6 +74,9 @@ func (p *Provider) EnsureEndpoint(ctx context.Context, req *provider.EndpointReq
 		}
 		if !local {
 			return "", 0, &provider.EndpointElsewhereError{Host: req.Host}
+		}
+		if err := p.endpointAllowed(req.Host, req.Port); err != nil {
+			return "", 0, err
 		}
 		listen = net.JoinHostPort(req.Host, strconv.Itoa(int(req.Port)))
 	}
@@ -266,6 +271,24 @@ func (p *Provider) endpointAddresses() ([]string, error) {
 
 // isLocalAddress reports whether host is an IP address of one of this
 // machine's interfaces. A DNS name is not: it may resolve anywhere.
+// endpointAllowed refuses a user-set endpoint at an address of this host
+// outside Options.EndpointAddresses.
+func (p *Provider) endpointAllowed(host string, port int32) error {
+	addr, err := netip.ParseAddr(host)
+	if err == nil && slices.ContainsFunc(p.opts.EndpointAddresses, func(pr netip.Prefix) bool { return pr.Contains(addr.Unmap()) }) {
+		return nil
+	}
+	why := "no address of this host is open to clusters; an operator opens some with marina's --endpoint-addresses"
+	if len(p.opts.EndpointAddresses) > 0 {
+		open := make([]string, len(p.opts.EndpointAddresses))
+		for i, pr := range p.opts.EndpointAddresses {
+			open[i] = pr.String()
+		}
+		why = "clusters may listen only within " + strings.Join(open, ", ") + " (marina's --endpoint-addresses)"
+	}
+	return &provider.EndpointNotAllowedError{Host: host, Port: port, Why: why}
+}
+
 func isLocalAddress(host string) (bool, error) {
 	ip := net.ParseIP(host)
 	if ip == nil {

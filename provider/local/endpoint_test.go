@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -420,10 +421,11 @@ func inodes(t *testing.T, dir string) string {
 	return b.String()
 }
 
-// An endpoint the user set at an address of this machine is where the
-// balancer listens (so that machines elsewhere, such as servers on a
-// bridge, reach the API servers behind it); one at any other host is the
-// user's, and nothing is made for it.
+// An endpoint the user set at an address of this machine that the operator
+// opened is where the balancer listens (so that machines elsewhere, such
+// as servers on a bridge, reach the API servers behind it); one at an
+// address not opened is refused; one at any other host is the user's, and
+// nothing is made for it.
 func TestEndpointAtTheUsersLocalAddress(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
@@ -441,6 +443,21 @@ func TestEndpointAtTheUsersLocalAddress(t *testing.T) {
 	l.Close()
 
 	req := &provider.EndpointRequest{UID: uuid.NewUUID(), Namespace: "default", Name: "c1", CAData: ca.CertPEM(), Host: "127.0.0.1", Port: int32(port)}
+	// Issue 24: only addresses the operator opened. A cluster's balancer
+	// on any address of this host could take a port the management plane
+	// needs when it restarts.
+	_, _, err = p.EnsureEndpoint(ctx, req)
+	if !provider.IsEndpointNotAllowed(err) || !strings.Contains(err.Error(), "--endpoint-addresses") {
+		t.Fatalf("EnsureEndpoint at 127.0.0.1 with no address open: %v, want an EndpointNotAllowedError naming --endpoint-addresses", err)
+	}
+	p.opts.EndpointAddresses = []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")}
+	if _, _, err = p.EnsureEndpoint(ctx, req); !provider.IsEndpointNotAllowed(err) || !strings.Contains(err.Error(), "10.77.0.0/24") {
+		t.Fatalf("EnsureEndpoint at 127.0.0.1 with 10.77.0.0/24 open: %v, want an EndpointNotAllowedError naming 10.77.0.0/24", err)
+	}
+	if uids, err := p.EndpointUIDs(); err != nil || len(uids) != 0 {
+		t.Fatalf("endpoints after refused requests: %v, %v; want none", uids, err)
+	}
+	p.opts.EndpointAddresses = append(p.opts.EndpointAddresses, netip.MustParsePrefix("127.0.0.1/32"))
 	host, got, err := p.EnsureEndpoint(ctx, req)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,6 +56,13 @@ type Options struct {
 	// (marina uses its API server's kube-system namespace UID); see
 	// ManagerFile. Empty: the root is this provider's alone.
 	Plane string
+	// EndpointAddresses are the addresses of this host where a Cluster's
+	// own spec.controlPlaneEndpoint may make the provider listen (its end
+	// of a bridge to servers, say). A cluster that sets its endpoint at
+	// another address of this host is refused: its balancer could take a
+	// port the management plane or another service needs (issue 24).
+	// Empty: none.
+	EndpointAddresses []netip.Prefix
 }
 
 // Provider is the local provider. It is safe for concurrent use; calls for

@@ -221,10 +221,10 @@ func TestUpMakesTheMinimalClusterReal(t *testing.T) {
 // startUpWithClient starts marina up for a test that makes clusters: it
 // returns the local provider's root (every sandbox and endpoint, cleaned up
 // whatever happens) and a client of the management plane.
-func startUpWithClient(t *testing.T) (*upProcess, string, client.Client) {
+func startUpWithClient(t *testing.T, args ...string) (*upProcess, string, client.Client) {
 	t.Helper()
 	stateDir := t.TempDir()
-	u := startUp(t, stateDir)
+	u := startUp(t, stateDir, args...)
 	root := filepath.Join(stateDir, "machines")
 	t.Cleanup(func() { stopAgents(t, root) })
 	return u, root, mgmtClient(t, stateDir)

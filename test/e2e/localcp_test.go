@@ -68,7 +68,8 @@ func TestLocalControlPlaneWithAnSSHWorker(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 
-	u, _, c := startUpWithClient(t)
+	// The operator opens the bridge's address to clusters' endpoints.
+	u, _, c := startUpWithClient(t, "--endpoint-addresses", "10.77.0.1")
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("marina up's output, the cluster's lines:\n%s", grepLines(u.out.String(), "lcp"))

@@ -31,6 +31,7 @@ import (
 	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/internal/testenv/localenv"
 	"marina.dev/marina/provider"
+	"marina.dev/marina/provider/local"
 )
 
 var env *testenv.Env
@@ -430,5 +431,39 @@ func TestDeletedPausedClusterIsLeftAlone(t *testing.T) {
 	patch := []byte(`{"metadata":{"finalizers":null}}`)
 	if err := env.Client.Patch(ctx, paused, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Issue 24: a Cluster whose own endpoint is an address of the management
+// host that its operator did not open (--endpoint-addresses) is told so,
+// and nothing listens there: its balancer could otherwise take a port the
+// management plane needs when it restarts.
+func TestAnEndpointAtAHostAddressNotOpenedIsRefused(t *testing.T) {
+	ns := env.Namespace(t)
+	p, err := local.New(local.Options{Root: t.TempDir(), AgentCommand: []string{"/bin/false"}, LoadBalancerCommand: []string{"/bin/false"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startController(t, ns, p)
+	c := newCluster(ns, "grabs-a-port")
+	c.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "127.0.0.1", Port: 6443}
+	create(t, c)
+	testenv.Eventually(t, 30*time.Second, "ControlPlaneReady=False with reason EndpointNotAllowed", func() error {
+		c := get(t, ns, c.Name)
+		cond := meta.FindStatusCondition(c.Status.Conditions, clusterv1.ClusterControlPlaneReadyCondition)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != clusterv1.ClusterEndpointNotAllowedReason {
+			return fmt.Errorf("condition %+v", cond)
+		}
+		if !strings.Contains(cond.Message, "127.0.0.1:6443") || !strings.Contains(cond.Message, "--endpoint-addresses") {
+			return fmt.Errorf("message %q names neither the endpoint nor the flag", cond.Message)
+		}
+		return nil
+	})
+	if uids, err := p.EndpointUIDs(); err != nil || len(uids) != 0 {
+		t.Errorf("endpoints made: %v, %v; want none", uids, err)
+	}
+	var machines clusterv1.MachineList
+	if err := env.Client.List(context.Background(), &machines, client.InNamespace(ns)); err != nil || len(machines.Items) != 0 {
+		t.Errorf("machines made: %d, %v; want none", len(machines.Items), err)
 	}
 }

@@ -109,6 +109,14 @@ func (r *Reconciler) endpoint(ctx context.Context, cluster *clusterv1.Cluster, p
 	if provider.IsEndpointElsewhere(err) {
 		return true, nil // the user's
 	}
+	if provider.IsEndpointNotAllowed(err) {
+		// Nothing to retry: the operator's setting has to change (marina
+		// restarts with it), or the Cluster made again with another
+		// endpoint (which cannot change once set).
+		setCondition(cluster, clusterv1.ClusterControlPlaneReadyCondition, metav1.ConditionFalse, clusterv1.ClusterEndpointNotAllowedReason,
+			err.Error()+"; or delete this Cluster and create it with another spec.controlPlaneEndpoint")
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("making the control-plane endpoint with provider %s: %w", prov.Name(), err)
 	}
