@@ -61,6 +61,10 @@ const (
 	// MachineWaitingForControlPlaneReason: a worker waits until the cluster's
 	// control plane answers before it joins (M10).
 	MachineWaitingForControlPlaneReason = "WaitingForControlPlane"
+	// MachineBootstrapRefusedReason: the control plane refuses the machine
+	// its bootstrap for good (it is not one of the control plane's own
+	// machines); retrying cannot change that.
+	MachineBootstrapRefusedReason = "BootstrapRefused"
 
 	// MachineInstanceRunningCondition says whether the real machine runs,
 	// as its provider sees it: False while it is stopped (a host reboot, a

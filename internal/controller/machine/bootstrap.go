@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
@@ -55,6 +57,12 @@ var errEnsuring = errors.New("another worker is setting the workload cluster up"
 func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine, t string) (*provider.Bootstrap, ctrl.Result, error) {
 	if hasRole(m.Spec.Roles, clusterv1.ControlPlaneRole) && r.opts.ControlPlaneBootstrap != nil {
 		doc, err := r.opts.ControlPlaneBootstrap(ctx, m)
+		if errors.Is(err, reconcile.TerminalError(nil)) {
+			setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineBootstrapRefusedReason,
+				"the control plane refuses this machine its configuration: "+strings.TrimPrefix(err.Error(), "terminal error: "))
+			setReady(m)
+			return nil, ctrl.Result{}, fmt.Errorf("control-plane bootstrap: %w", err)
+		}
 		if err != nil {
 			setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
 				fmt.Sprintf("waiting for the control plane's configuration (retrying): %v", err))

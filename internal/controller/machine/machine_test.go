@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/remote"
@@ -698,5 +700,41 @@ func TestMachineWaitingForItsClusterGoesWithTheCluster(t *testing.T) {
 	f.waitGone(m, 30*time.Second)
 	if n := f.sandboxCount(); n != 0 {
 		t.Errorf("%d sandboxes left after the machine went", n)
+	}
+}
+
+// A control-plane machine the control plane refuses for good (not one of
+// its own) says so, and does not claim it is retrying; a passing failure
+// says it retries.
+func TestARefusedControlPlaneBootstrapSaysSo(t *testing.T) {
+	f := newFixture(t)
+	f.startController(Options{ControlPlaneBootstrap: func(_ context.Context, m *clusterv1.Machine) ([]byte, error) {
+		if strings.HasSuffix(m.Name, "refused") {
+			return nil, reconcile.TerminalError(fmt.Errorf("machine %s is not a member of the control plane", m.Name))
+		}
+		return nil, errors.New("the cluster has no control-plane endpoint yet")
+	}})
+	for _, tc := range []struct{ name, reason, say, never string }{
+		{"refused", clusterv1.MachineBootstrapRefusedReason, "refuses this machine", "retrying"},
+		{"waiting", clusterv1.MachineWaitingForControlPlaneReason, "(retrying)", "refuses"},
+	} {
+		m := f.machine(tc.name, "")
+		m.Spec.Roles = []clusterv1.MachineRole{clusterv1.ControlPlaneRole}
+		m.Spec.Versions.ControlPlane = "v1.37.2"
+		f.create(m)
+		eventually(t, 30*time.Second, tc.name+": Provisioned says "+tc.reason, func() (bool, error) {
+			got, err := f.get(m)
+			if err != nil {
+				return false, err
+			}
+			c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineProvisionedCondition)
+			if c == nil || c.Reason != tc.reason {
+				return false, fmt.Errorf("condition %+v", c)
+			}
+			if !strings.Contains(c.Message, tc.say) || strings.Contains(c.Message, tc.never) {
+				t.Fatalf("%s: message %q, want %q and no %q", tc.name, c.Message, tc.say, tc.never)
+			}
+			return true, nil
+		})
 	}
 }
