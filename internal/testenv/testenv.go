@@ -221,7 +221,11 @@ func (e *Env) Stop() error {
 
 // Main is the body of a package's TestMain: it starts one Env, stores it in
 // *env, runs the tests and stops the Env whatever happens.
-func Main(m *testing.M, env **Env) { os.Exit(run(m, env, Start)) }
+func Main(m *testing.M, env **Env) { os.Exit(Run(m, env)) }
+
+// Run is Main that returns the exit code instead of exiting, so that the
+// caller can remove what it made for the suite first.
+func Run(m *testing.M, env **Env) int { return run(m, env, Start) }
 
 // MainWorkload is Main with StartWorkload: a bare API server without
 // marina's CRDs, as marina init meets one.

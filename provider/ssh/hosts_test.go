@@ -22,7 +22,13 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.Main(m, &env) }
+func TestMain(m *testing.M) {
+	code := testenv.Run(m, &env)
+	if marinaDir != "" {
+		_ = os.RemoveAll(marinaDir) // the marina binary the tests built
+	}
+	os.Exit(code)
+}
 
 // hostSet is a set of real sshd hosts started by tools/ssh-hosts, in
 // network namespaces this test makes (prefix mstest, 10.78.0.0/24).
@@ -101,6 +107,7 @@ func hostAddr(i int) string { return fmt.Sprintf("10.78.0.%d:22", 10+i) }
 
 var (
 	marinaOnce sync.Once
+	marinaDir  string
 	marinaPath string
 	marinaErr  error
 )
@@ -109,12 +116,11 @@ var (
 func marina(t *testing.T) string {
 	t.Helper()
 	marinaOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "ssh-provider-test-")
-		if err != nil {
-			marinaErr = err
+		marinaDir, marinaErr = os.MkdirTemp("", "ssh-provider-test-")
+		if marinaErr != nil {
 			return
 		}
-		marinaPath, marinaErr = testenv.BuildMarina(dir)
+		marinaPath, marinaErr = testenv.BuildMarina(marinaDir)
 	})
 	if marinaErr != nil {
 		t.Fatal(marinaErr)
