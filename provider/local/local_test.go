@@ -87,23 +87,22 @@ func stopAPIServer() {
 // stopped when the test ends, whatever happened.
 func newProvider(t *testing.T) *Provider {
 	t.Helper()
-	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, LoadBalancerCommand: lbCommand, AgentStopTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.DeleteAll(context.Background()); err != nil {
-			t.Errorf("cleaning up machines: %v", err)
-		}
-	})
-	return p
+	return startProvider(t, Options{LoadBalancerCommand: lbCommand, AgentStopTimeout: 5 * time.Second})
 }
 
 // newControlPlaneProvider returns a provider that runs the control-plane
 // components of binDir, its agents all stopped when the test ends.
 func newControlPlaneProvider(t *testing.T, binDir string) *Provider {
 	t.Helper()
-	p, err := New(Options{Root: t.TempDir(), AgentCommand: agentCommand, BinDir: binDir, AgentStopTimeout: 30 * time.Second})
+	return startProvider(t, Options{BinDir: binDir, AgentStopTimeout: 30 * time.Second})
+}
+
+// startProvider is a provider of opts on a fresh root, with the test's
+// agent command, that deletes every machine it holds when the test ends.
+func startProvider(t *testing.T, opts Options) *Provider {
+	t.Helper()
+	opts.Root, opts.AgentCommand = t.TempDir(), agentCommand
+	p, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

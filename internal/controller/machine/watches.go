@@ -105,8 +105,7 @@ func (r *Reconciler) nodeChanged(e remote.NodeEvent) {
 	if e.Node.Spec.ProviderID == "" {
 		return
 	}
-	r.enqueue("a node event", func(*clusterv1.Machine) bool { return true },
-		client.InNamespace(e.Cluster.Namespace), client.MatchingFields{providerIDIndex: e.Node.Spec.ProviderID})
+	r.enqueue("a node event", nil, client.InNamespace(e.Cluster.Namespace), client.MatchingFields{providerIDIndex: e.Node.Spec.ProviderID})
 }
 
 // csrChanged runs on a workload cluster's informer goroutine: it queues the
@@ -123,12 +122,12 @@ func (r *Reconciler) csrChanged(e remote.CSREvent) {
 // instanceChanged runs on a provider's StateWatcher goroutine: it queues
 // the machine the provider saw stop or start.
 func (r *Reconciler) instanceChanged(uid types.UID) {
-	r.enqueue("a provider's state change", func(*clusterv1.Machine) bool { return true },
-		client.MatchingFields{uidIndex: string(uid)})
+	r.enqueue("a provider's state change", nil, client.MatchingFields{uidIndex: string(uid)})
 }
 
 // enqueue queues, from an informer or watcher goroutine, the machines the
-// cache lists with opts that keep passes; what names the event for a log.
+// cache lists with opts that keep passes (nil: all); what names the event
+// for a log.
 func (r *Reconciler) enqueue(what string, keep func(*clusterv1.Machine) bool, opts ...client.ListOption) {
 	list := &clusterv1.MachineList{}
 	if err := r.client.List(context.Background(), list, opts...); err != nil {
@@ -136,7 +135,7 @@ func (r *Reconciler) enqueue(what string, keep func(*clusterv1.Machine) bool, op
 		return
 	}
 	for i := range list.Items {
-		if !keep(&list.Items[i]) {
+		if keep != nil && !keep(&list.Items[i]) {
 			continue
 		}
 		select {
