@@ -44,6 +44,9 @@ type Manifest struct {
 	Args []string `json:"args,omitempty"`
 	// Env is added to the component's minimal environment (PATH, HOME).
 	Env map[string]string `json:"env,omitempty"`
+	// NetNS, when set, is the network namespace file (/run/netns/<name>)
+	// the component runs in: a real kubelet's machine's own.
+	NetNS string `json:"netns,omitempty"`
 }
 
 // namePattern is what a component may be called: a DNS label, so that the
@@ -66,6 +69,9 @@ func (m *Manifest) Validate() error {
 	}
 	if !filepath.IsAbs(m.Binary) {
 		errs = append(errs, fmt.Errorf("binary %q is not an absolute path", m.Binary))
+	}
+	if m.NetNS != "" && !filepath.IsAbs(m.NetNS) {
+		errs = append(errs, fmt.Errorf("netns %q is not an absolute path", m.NetNS))
 	}
 	for k := range m.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {

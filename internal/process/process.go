@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"marina.dev/marina/internal/files"
 )
 
@@ -32,7 +34,9 @@ type Spawner struct {
 
 type spawnReq struct {
 	cmd *exec.Cmd
-	res chan error
+	// netns, when set, is the network namespace file the child starts in.
+	netns string
+	res   chan error
 }
 
 // NewSpawner starts the spawning thread. Close it once every child it
@@ -69,7 +73,7 @@ func (s *Spawner) serve() {
 	for {
 		select {
 		case r := <-s.reqs:
-			r.res <- r.cmd.Start()
+			r.res <- startIn(r.cmd, r.netns)
 		case <-s.quit:
 			return
 		}
@@ -99,6 +103,10 @@ type Spec struct {
 	// LogPath receives the child's standard output and error, appended; it
 	// is created with mode 0600.
 	LogPath string
+	// NetNS, when set, is the network namespace (a file such as
+	// /run/netns/<name>) the child starts in: a real kubelet's machine
+	// runs its kubelet and container runtime in its own.
+	NetNS string
 }
 
 // Child is one running (or exited) child process.
@@ -132,7 +140,7 @@ func (s *Spawner) Start(spec Spec) (*Child, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	res := make(chan error)
 	select {
-	case s.reqs <- spawnReq{cmd: cmd, res: res}:
+	case s.reqs <- spawnReq{cmd: cmd, netns: spec.NetNS, res: res}:
 		err = <-res
 	case <-s.quit:
 		err = errors.New("the spawner is closed")
@@ -229,4 +237,34 @@ func (c *Child) Stop(grace time.Duration) error {
 	}
 	<-c.done
 	return nil
+}
+
+// startIn starts cmd in network namespace netns (none: the caller's). It
+// runs on the Spawner's locked thread, which enters the namespace for the
+// fork alone and returns to its own before anything else runs on it: a
+// child inherits the namespace of the thread that forked it.
+func startIn(cmd *exec.Cmd, netns string) error {
+	if netns == "" {
+		return cmd.Start()
+	}
+	own, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return fmt.Errorf("opening this thread's network namespace: %w", err)
+	}
+	defer own.Close()
+	target, err := os.Open(netns)
+	if err != nil {
+		return fmt.Errorf("opening network namespace %s: %w", netns, err)
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("entering network namespace %s: %w", netns, err)
+	}
+	startErr := cmd.Start()
+	if err := unix.Setns(int(own.Fd()), unix.CLONE_NEWNET); err != nil {
+		// The thread cannot be trusted with another child: end the
+		// process rather than start the next child in the wrong place.
+		panic(fmt.Sprintf("returning the spawner thread to its network namespace: %v", err))
+	}
+	return startErr
 }

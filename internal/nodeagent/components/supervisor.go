@@ -286,6 +286,7 @@ func (s *Supervisor) start(c *component, now time.Time) {
 		// Relative paths in a manifest are relative to the sandbox.
 		Dir:     s.dir,
 		LogPath: manifest.LogPath(s.dir, c.name),
+		NetNS:   m.NetNS,
 	})
 	if err != nil {
 		c.failures++
