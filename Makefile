@@ -33,6 +33,10 @@ image: ## Build the controller image (no container daemon) into bin/marina-image
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./tools/image -binary $(BIN)/image/marina \
 		-version $(VERSION) -revision $(REVISION) -repo $(IMAGE_REPO) -out $(BIN)/marina-image.tar
 
+.PHONY: images
+images: ## Build the pause and hello images real nodes import (no container daemon) into bin/images/{pause,hello}.tar
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./tools/images/build -out $(BIN)/images
+
 .PHONY: generate
 generate: ## Generate deepcopy code, CRDs, RBAC and the webhook configuration from the Go markers
 	$(CONTROLLER_GEN) object paths=./api/...
@@ -50,19 +54,23 @@ lint: ## gofmt and go vet
 	go vet ./...
 
 .PHONY: test-deps
-test-deps: ## Install podman and runc, which the e2e tests run marina's image with (Debian's packages, as root)
+test-deps: ## Install podman (the e2e tests run marina's image with it) and what real nodes need: runc, CNI plugins, iptables, conntrack (Debian's packages, as root)
 	tools/test-deps.sh
+
+.PHONY: node-deps
+node-deps: ## Install what real worker nodes need beside make setup's containerd: runc, CNI plugins, iptables, conntrack (Debian's packages, as root)
+	tools/test-deps.sh --node
 
 .PHONY: test
 # The two longest packages are named first so that go test starts them
 # first: the e2e suite alone takes about 27 minutes, and everything else fits
 # beside it on a second core (named last, ./... found it last, and it ran
 # alone after the others).
-test: setup test-deps lint ## Build what the tests need, then run every test
+test: setup images test-deps lint ## Build what the tests need, then run every test
 	go test -count=1 -timeout 45m ./test/e2e/ ./test/crashpoint/ ./...
 
 .PHONY: run
-run: setup build ## Build what is missing and start the embedded management plane (marina up)
+run: setup images node-deps build ## Build what is missing and start the embedded management plane (marina up)
 	$(BIN)/marina up
 
 .PHONY: bench

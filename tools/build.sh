@@ -5,7 +5,8 @@
 # on the same machine (as CI is) reuses it:
 #   ${MARINA_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/marina}/bin/<name>-<version>-<key>
 # Outputs:
-#   bin/etcd-<v>, bin/kube-{apiserver,controller-manager,scheduler}-<v>
+#   bin/etcd-<v>, bin/kube-{apiserver,controller-manager,scheduler,proxy}-<v>, bin/kubelet-<v>
+#   bin/containerd-<v>, bin/containerd-shim-runc-v2-<v>, bin/ctr-<v>
 #   bin/kubectl-<newest>
 #   bin/kubectl                 the newest kubectl
 #   bin/k8s/<kube-version>/     etcd + kube-apiserver + kubectl, the layout
@@ -24,14 +25,17 @@ gover=$(go env GOVERSION)
 # the newest (it is the client of all of them), which saves minutes of a cold
 # build.
 control_plane="kube-apiserver kube-controller-manager kube-scheduler"
+# What a real node runs beside its container runtime (issue 32): built for
+# every release, as an InPlace upgrade upgrades the kubelet too.
+node="kubelet kube-proxy"
 
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 # key prints a short hash of everything that decides the binary's bytes.
 key() {
-  local dir=$1 ldflags=$2
+  local dir=$1 flags=$2
   { cat "$dir"/go.mod "$dir"/go.sum; cat "$dir"/*.go 2>/dev/null || true
-    echo "$gover $ldflags"; } | sha256sum | cut -c1-16
+    echo "$gover $flags"; } | sha256sum | cut -c1-16
 }
 
 # progress reads `go build -v` output and prints a line every 200 packages,
@@ -67,6 +71,35 @@ build_etcd() {
     log "built etcd $v in $((SECONDS - start))s"
   fi
   install_bin "$out" "etcd-$v"
+}
+
+# build_containerd builds containerd's daemon, its runc shim and ctr from
+# containerd's own module (tools/containerd). The tags are those of
+# containerd's static release, less what a node does not use: the btrfs
+# snapshotter (it needs cgo), devmapper and zfs, and the CLI's docs
+# generator; the shim is built without gRPC, as containerd's Makefile does.
+build_containerd() {
+  local v=$CONTAINERD_VERSION m=github.com/containerd/containerd/v2 k c missing=""
+  local bins="containerd containerd-shim-runc-v2 ctr"
+  local tags="urfave_cli_no_docs no_btrfs no_devmapper no_zfs"
+  local ldflags="-s -w -X $m/version.Version=$v"
+  k=$(key tools/containerd "$ldflags -tags $tags")
+  for c in $bins; do
+    [[ -x "$cache/$c-$v-$k" ]] || missing+=" $c"
+  done
+  if [[ -n $missing ]]; then
+    log "building containerd $v (about 3 min on 2 cores when the Go caches are cold)"
+    local start=$SECONDS tmp
+    tmp=$(mktemp -d "$cache/.build.XXXXXX")
+    (cd tools/containerd &&
+      go build -v -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp/" "$m/cmd/containerd" "$m/cmd/ctr" 2>&1 &&
+      go build -v -trimpath -tags "$tags no_grpc" -ldflags "$ldflags" -o "$tmp/" "$m/cmd/containerd-shim-runc-v2" 2>&1) |
+      progress "containerd $v"
+    for c in $bins; do mv "$tmp/$c" "$cache/$c-$v-$k"; done
+    rmdir "$tmp"
+    log "built containerd $v in $((SECONDS - start))s"
+  fi
+  for c in $bins; do install_bin "$cache/$c-$v-$k" "$c-$v"; done
 }
 
 build_kube() {
@@ -107,9 +140,12 @@ versions=($KUBE_VERSIONS)
 newest=${versions[-1]}
 build_etcd
 # The newest release first: the tests that need only an API server use it.
-build_kube "$newest" "$control_plane kubectl"
+build_kube "$newest" "$control_plane $node kubectl"
 ln -sfn "kubectl-$newest" bin/kubectl
+# The container runtime of real worker nodes, after what the API-server
+# tests need.
+build_containerd
 if [[ ${1:-} != --only-newest ]]; then
-  for v in "${versions[@]}"; do [[ $v == "$newest" ]] || build_kube "$v" "$control_plane"; done
+  for v in "${versions[@]}"; do [[ $v == "$newest" ]] || build_kube "$v" "$control_plane $node"; done
 fi
-log "bin/ is ready: etcd $ETCD_VERSION, kubernetes $KUBE_VERSIONS"
+log "bin/ is ready: etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, kubernetes $KUBE_VERSIONS"

@@ -15,6 +15,9 @@ var versionsEnv string
 type Versions struct {
 	// Etcd is the etcd release, e.g. "v3.6.16".
 	Etcd string
+	// Containerd is the containerd release real worker nodes run, e.g.
+	// "v2.3.7".
+	Containerd string
 	// Kube are the Kubernetes releases, oldest first, e.g. ["v1.36.3", "v1.37.2"].
 	Kube []string
 }
@@ -35,6 +38,8 @@ func Pinned() Versions {
 		switch name {
 		case "ETCD_VERSION":
 			v.Etcd = value
+		case "CONTAINERD_VERSION":
+			v.Containerd = value
 		case "KUBE_VERSIONS":
 			v.Kube = strings.Fields(value)
 		}

@@ -13,6 +13,9 @@ func TestPinnedVersionsParse(t *testing.T) {
 	if !semver.MatchString(v.Etcd) {
 		t.Errorf("etcd version %q is not vX.Y.Z", v.Etcd)
 	}
+	if !semver.MatchString(v.Containerd) {
+		t.Errorf("containerd version %q is not vX.Y.Z", v.Containerd)
+	}
 	if len(v.Kube) < 2 {
 		t.Fatalf("want at least two Kubernetes releases to upgrade between, got %v", v.Kube)
 	}

@@ -230,8 +230,13 @@ func newLocalProvider(root, binDir, planeID string, endpoints []netip.Prefix) (*
 	if err != nil {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
+	realOpts := local.RealOptions{ContainerdVersion: tools.Pinned().Containerd}
+	if binDir != "" {
+		// make images writes the pause image and the test images there.
+		realOpts.ImagesDir = filepath.Join(binDir, "images")
+	}
 	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"},
-		BinDir: binDir, Plane: planeID, EndpointAddresses: endpoints})
+		BinDir: binDir, Plane: planeID, EndpointAddresses: endpoints, Real: realOpts})
 }
 
 // newSSHProvider keeps its records of machines under stateDir and copies

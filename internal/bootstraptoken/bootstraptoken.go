@@ -161,6 +161,11 @@ var bindings = []struct {
 }{
 	{"marina:node-bootstrapper", "system:bootstrappers", "system:node-bootstrapper"},
 	{"marina:node-autoapprove-certificate-rotation", "system:nodes", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"},
+	// A real node's kube-proxy is a process of its machine run with the
+	// node's own credential, not a DaemonSet with a ServiceAccount
+	// (docs/architecture.md): nodes may then read Services and
+	// EndpointSlices, which the Node authorizer does not grant.
+	{"marina:node-proxier", "system:nodes", "system:node-proxier"},
 }
 
 // autoApproveBinding is the binding earlier marina releases made, which let

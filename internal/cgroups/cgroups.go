@@ -201,3 +201,16 @@ func Remove(group string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// RemoveEmpty removes group itself, in every hierarchy where it has no
+// process and no group below it; elsewhere it stays. For a parent shared
+// by several machines, removed with the last one.
+func RemoveEmpty(group string) {
+	hs, err := Hierarchies()
+	if err != nil {
+		return
+	}
+	for _, h := range hs {
+		_ = syscall.Rmdir(filepath.Join(h, group))
+	}
+}

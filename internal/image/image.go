@@ -1,9 +1,10 @@
 // Package image builds marina's controller image without a container
 // daemon (issue 28): a static marina binary on a minimal root (CA
 // certificates, a non-root user), its labels carrying the version and
-// source revision. The build is reproducible: the same binary, version and
-// creation time give the same digest, so a digest printed by one build can
-// be checked against another.
+// source revision. It builds the images of one static binary that real
+// worker nodes import the same way (BuildBinary, NodeImages). The build is
+// reproducible: the same binary, version and creation time give the same
+// digest, so a digest printed by one build can be checked against another.
 package image
 
 import (
@@ -98,22 +99,7 @@ func Build(o Options) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.Append(empty.Image,
-		mutate.Addendum{Layer: root, History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "marina: root (users, CA certificates)"}},
-		mutate.Addendum{Layer: binary, History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "marina: " + BinaryPath + " " + o.Version}},
-	)
-	if err != nil {
-		return nil, fmt.Errorf("assembling the image: %w", err)
-	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("reading the image's config: %w", err)
-	}
-	cfg = cfg.DeepCopy()
-	cfg.OS = "linux"
-	cfg.Architecture = o.Arch
-	cfg.Created = v1.Time{Time: created}
-	cfg.Config = v1.Config{
+	return assemble(o.Arch, created, v1.Config{
 		Entrypoint: []string{BinaryPath},
 		Cmd:        []string{"controller"},
 		User:       fmt.Sprintf("%d:%d", UID, GID),
@@ -125,7 +111,28 @@ func Build(o Options) (v1.Image, error) {
 			LabelRevision: o.Revision,
 			LabelCreated:  created.Format(time.RFC3339),
 		},
+	},
+		mutate.Addendum{Layer: root, History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "marina: root (users, CA certificates)"}},
+		mutate.Addendum{Layer: binary, History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "marina: " + BinaryPath + " " + o.Version}},
+	)
+}
+
+// assemble stacks layers on an empty image and gives it config, for linux
+// on arch, created at created: what every image built here shares.
+func assemble(arch string, created time.Time, config v1.Config, layers ...mutate.Addendum) (v1.Image, error) {
+	img, err := mutate.Append(empty.Image, layers...)
+	if err != nil {
+		return nil, fmt.Errorf("assembling the image: %w", err)
 	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("reading the image's config: %w", err)
+	}
+	cfg = cfg.DeepCopy()
+	cfg.OS = "linux"
+	cfg.Architecture = arch
+	cfg.Created = v1.Time{Time: created}
+	cfg.Config = config
 	return mutate.ConfigFile(img, cfg)
 }
 
@@ -133,7 +140,21 @@ func Build(o Options) (v1.Image, error) {
 // `kind load image-archive` and `crane push` read, and returns its digest:
 // the manifest's, which a registry keeps when the tarball is pushed.
 func Write(file string, ref name.Tag, img v1.Image) (v1.Hash, error) {
-	if err := tarball.WriteToFile(file, ref, img); err != nil {
+	return WriteTags(file, []name.Tag{ref}, img)
+}
+
+// WriteTags is Write with several tags for the one image, each of which
+// `ctr images import` and `docker load` create. The tarball lists the tags
+// in no fixed order; the image, and so its digest, is the same.
+func WriteTags(file string, tags []name.Tag, img v1.Image) (v1.Hash, error) {
+	if len(tags) == 0 {
+		return v1.Hash{}, fmt.Errorf("writing %s: the image has no tag", file)
+	}
+	refs := make(map[name.Reference]v1.Image, len(tags))
+	for _, t := range tags {
+		refs[t] = img
+	}
+	if err := tarball.MultiRefWriteToFile(file, refs); err != nil {
 		return v1.Hash{}, fmt.Errorf("writing %s: %w", file, err)
 	}
 	return img.Digest()

@@ -125,6 +125,15 @@ func run(ctx context.Context, dir string, t timing) error {
 			return err
 		}
 		go keepNodeCertificate(ctx, dir, b, renewNodeCertificate(dir, b))
+		if b.Real != nil {
+			if a.real, err = startRealNode(ctx, dir, b, a.kubelet.get()); err != nil {
+				return err
+			}
+			// The kubelet and containerd are stopped before the agent
+			// returns; the containers live on, as on a node whose
+			// kubelet restarts.
+			defer func() { cancel(); <-a.real.done }()
+		}
 	}
 	return a.run(ctx)
 }
@@ -184,7 +193,10 @@ func checkBootstrap(b *sandbox.Bootstrap, controlPlane bool) error {
 type agent struct {
 	cs kubernetes.Interface
 	// cp runs a control-plane machine's components; nil on a worker.
-	cp   *controlPlane
+	cp *controlPlane
+	// real runs a worker's real kubelet and runtime; nil when the agent
+	// plays the kubelet.
+	real *realNode
 	boot *sandbox.Bootstrap
 	// kubelet is the kubelet version reported: boot's, or the desired
 	// versions' once an upgrade set it.
@@ -215,6 +227,17 @@ func (a *agent) sandboxGone() bool {
 
 func (a *agent) run(ctx context.Context) error {
 	a.log.Info("Starting node agent", "server", a.boot.Server, "providerID", a.boot.ProviderID, "address", a.boot.Address)
+	if a.real != nil {
+		// The kubelet registers the Node, keeps its Lease and status and
+		// runs its pods; the agent keeps the machine's network and
+		// versions.
+		var wg sync.WaitGroup
+		wg.Go(func() { a.keepNetwork(ctx, a.cs) })
+		wg.Go(func() { a.watchDesiredVersions(ctx) })
+		wg.Wait()
+		a.log.Info("Node agent stopped")
+		return nil
+	}
 	// The Lease's owner reference needs the Node's UID: register first.
 	node, err := a.registerUntilDone(ctx)
 	if err != nil {

@@ -190,6 +190,13 @@ func (a *agent) applyDesired(ctx context.Context, v sandbox.Versions) error {
 			return fmt.Errorf("applying the control-plane versions: %w", err)
 		}
 	}
+	if a.real != nil && v.Kubelet != "" {
+		if err := a.real.setKubelet(v.Kubelet); err != nil {
+			return fmt.Errorf("moving the kubelet to %s: %w", v.Kubelet, err)
+		}
+		a.kubelet.set(v.Kubelet)
+		return nil
+	}
 	if v.Kubelet != "" && a.kubelet.set(v.Kubelet) {
 		a.log.Info("Kubelet version changed", "version", v.Kubelet)
 		if _, err := a.postStatus(ctx); err != nil && ctx.Err() == nil {

@@ -63,6 +63,8 @@ type Options struct {
 	// port the management plane or another service needs (issue 24).
 	// Empty: none.
 	EndpointAddresses []netip.Prefix
+	// Real configures the machines whose kubelet is real.
+	Real RealOptions
 }
 
 // Provider is the local provider. It is safe for concurrent use; calls for
@@ -106,6 +108,13 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.StateScan == 0 {
 		opts.StateScan = defaultStateScan
+	}
+	opts.Real = opts.Real.withDefaults()
+	if opts.Real.ImagesDir != "" {
+		// The agents resolve it in their sandboxes.
+		if opts.Real.ImagesDir, err = filepath.Abs(opts.Real.ImagesDir); err != nil {
+			return nil, fmt.Errorf("local provider: resolving images dir %s: %w", opts.Real.ImagesDir, err)
+		}
 	}
 	opts.AgentCommand = append([]string(nil), opts.AgentCommand...)
 	opts.LoadBalancerCommand = append([]string(nil), opts.LoadBalancerCommand...)
@@ -181,6 +190,14 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 	}
 	if m.Spec.Agent == AgentPooled && req.Bootstrap.ControlPlane != nil {
 		return nil, &provider.InvalidSpecError{Field: "spec.agent", Message: "a control-plane machine runs its components under an agent process of its own: set agent to Process (or leave it out)"}
+	}
+	if m.Spec.Kubelet == KubeletReal {
+		if req.Bootstrap.ControlPlane != nil {
+			return nil, &provider.InvalidSpecError{Field: "spec.kubelet", Message: "control-plane machines do not run a Real kubelet yet: set kubelet to Simulated (or leave it out) on the control plane's class; workers may be Real"}
+		}
+		if err := p.checkRealHost(); err != nil {
+			return nil, err
+		}
 	}
 	defer p.lock(req.UID)()
 
@@ -266,6 +283,11 @@ func (p *Provider) ensureRunning(ctx context.Context, uid types.UID, dir string,
 	if poolDir != "" {
 		return p.startMember(ctx, uid, dir, poolDir)
 	}
+	if boot.Real != nil {
+		if err := p.ensureNetwork(ctx, uid, boot); err != nil {
+			return fmt.Errorf("making the machine's network: %w", err)
+		}
+	}
 	return p.startAgent(ctx, dir, sandboxFlag)
 }
 
@@ -318,6 +340,10 @@ func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
 		err = p.stopAgent(ctx, dir)
 	}
 	if err != nil {
+		return fmt.Errorf("deleting machine %s: %w", uid, err)
+	}
+	// Before the rename: a tombstone holds no mount and no process.
+	if err := p.removeReal(ctx, uid, dir); err != nil {
 		return fmt.Errorf("deleting machine %s: %w", uid, err)
 	}
 	// A rename is atomic: a crash leaves either the whole sandbox (and the

@@ -57,7 +57,13 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 	if b, err := sandbox.ReadBootstrap(dir); err == nil {
 		return b, nil // another Provider of this process just built it
 	}
-	addr, err := p.reserveAddress(req.UID)
+	pick := pickAddress
+	if m.Spec.Kubelet == KubeletReal {
+		pick = func(uid types.UID, used map[string]bool) (string, error) {
+			return pickRealAddress(uid, p.opts.Real.Network, used)
+		}
+	}
+	addr, err := p.reserveAddress(req.UID, pick)
 	if err != nil {
 		return nil, err
 	}
@@ -65,6 +71,11 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 	// or given up.
 	defer release(req.UID, addr)
 	b := bootstrapFor(req, m, addr)
+	if m.Spec.Kubelet == KubeletReal {
+		b.BinDir = p.binDir
+		b.Real = p.realBootstrap(req.UID, addr, m.Spec.Pods)
+		b.ContainerRuntimeVersion = "containerd://" + strings.TrimPrefix(p.opts.Real.ContainerdVersion, "v")
+	}
 
 	tmp, err := os.MkdirTemp(p.root, tmpPrefix+string(req.UID)+"-")
 	if err != nil {
@@ -120,7 +131,7 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 // reserveAddress picks a free address for uid's sandbox and holds it
 // until release; it first removes what a crash may have left of the
 // sandbox.
-func (p *Provider) reserveAddress(uid types.UID) (string, error) {
+func (p *Provider) reserveAddress(uid types.UID, pick func(types.UID, map[string]bool) (string, error)) (string, error) {
 	allocMu.Lock()
 	defer allocMu.Unlock()
 	if building[uid] {
@@ -133,7 +144,7 @@ func (p *Provider) reserveAddress(uid types.UID) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	addr, err := pickAddress(uid, used)
+	addr, err := pick(uid, used)
 	if err != nil {
 		return "", err
 	}

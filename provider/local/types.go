@@ -64,7 +64,23 @@ type LocalMachineSpec struct {
 	// process running the agents of many workers (docs/providers.md).
 	// Control-plane machines run as processes only.
 	Agent AgentMode `json:"agent,omitempty"`
+	// Kubelet says what plays the machine's kubelet: Simulated (the
+	// default), marina's light agent, which reports the pods bound to the
+	// Node as running without running them (for fleets of hundreds of
+	// nodes on one host); or Real, the kubelet of the machine's version
+	// with its own containerd, runc and CNI bridge in a network namespace
+	// of its own, whose pods really run (issue 32, docs/providers.md).
+	// Real is for workers, with agent Process.
+	Kubelet KubeletMode `json:"kubelet,omitempty"`
 }
+
+// KubeletMode is what plays a local machine's kubelet.
+type KubeletMode string
+
+const (
+	KubeletSimulated KubeletMode = "Simulated"
+	KubeletReal      KubeletMode = "Real"
+)
 
 // AgentMode is how a local machine's agent runs.
 type AgentMode string
@@ -75,7 +91,7 @@ const (
 )
 
 // specFields are the fields of spec, in the order errors report them.
-var specFields = []string{"cpu", "memory", "pods", "gpus", "diskSize", "agent"}
+var specFields = []string{"cpu", "memory", "pods", "gpus", "diskSize", "agent", "kubelet"}
 
 // Decode decodes and checks a LocalMachine blob (JSON), filling in
 // defaults. Every problem the user must fix is a *provider.InvalidSpecError
@@ -120,7 +136,7 @@ func Decode(raw []byte) (*LocalMachine, error) {
 		return nil, &provider.InvalidSpecError{Field: "spec." + unknown[0], Message: fmt.Sprintf("unknown field; a LocalMachine spec has %s", strings.Join(specFields, ", "))}
 	}
 
-	m := &LocalMachine{TypeMeta: tm, Metadata: shape.Metadata, Spec: LocalMachineSpec{Pods: DefaultPods, Agent: AgentProcess}}
+	m := &LocalMachine{TypeMeta: tm, Metadata: shape.Metadata, Spec: LocalMachineSpec{Pods: DefaultPods, Agent: AgentProcess, Kubelet: KubeletSimulated}}
 	var errs []error
 	if m.Spec.CPU, err = positiveQuantity(shape.Spec, "cpu", "2 or 500m"); err != nil {
 		errs = append(errs, err)
@@ -149,6 +165,13 @@ func Decode(raw []byte) (*LocalMachine, error) {
 	if v, ok := shape.Spec["agent"]; ok {
 		if err := json.Unmarshal(v, &m.Spec.Agent); err != nil || (m.Spec.Agent != AgentProcess && m.Spec.Agent != AgentPooled) {
 			errs = append(errs, &provider.InvalidSpecError{Field: "spec.agent", Message: fmt.Sprintf("must be %s or %s, not %s", AgentProcess, AgentPooled, v)})
+		}
+	}
+	if v, ok := shape.Spec["kubelet"]; ok {
+		if err := json.Unmarshal(v, &m.Spec.Kubelet); err != nil || (m.Spec.Kubelet != KubeletSimulated && m.Spec.Kubelet != KubeletReal) {
+			errs = append(errs, &provider.InvalidSpecError{Field: "spec.kubelet", Message: fmt.Sprintf("must be %s or %s, not %s", KubeletSimulated, KubeletReal, v)})
+		} else if m.Spec.Kubelet == KubeletReal && m.Spec.Agent == AgentPooled {
+			errs = append(errs, &provider.InvalidSpecError{Field: "spec.kubelet", Message: "a Real kubelet runs in a machine of its own: set agent to Process (or leave it out), or kubelet to Simulated"})
 		}
 	}
 	if len(errs) > 0 {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -36,16 +35,14 @@ func run() error {
 	flag.StringVar(&out, "out", "", "tarball to write")
 	flag.Int64Var(&created, "created", 0, "creation time, seconds since the epoch (default: $SOURCE_DATE_EPOCH, else 0)")
 	flag.Parse()
-	if created == 0 {
-		if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
-			v, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				return fmt.Errorf("SOURCE_DATE_EPOCH %q: %w", s, err)
-			}
-			created = v
-		}
-	}
 	o.Created = time.Unix(created, 0)
+	if created == 0 {
+		t, err := image.SourceDateEpoch()
+		if err != nil {
+			return err
+		}
+		o.Created = t
+	}
 	if repo == "" || out == "" {
 		return fmt.Errorf("-repo and -out must be given")
 	}

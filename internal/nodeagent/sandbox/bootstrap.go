@@ -71,6 +71,38 @@ type Bootstrap struct {
 	// KubeletConfigName is the ConfigMap the kubelet configuration in
 	// KubeletConfigFile came from; empty: the kubelet's defaults.
 	KubeletConfigName string `json:"kubeletConfigName,omitempty"`
+	// Real, on a worker whose kubelet is real (issue 32), is what the
+	// machine runs on; nil: the agent plays the kubelet.
+	Real *RealNode `json:"real,omitempty"`
+}
+
+// RealNode is what a machine with a real kubelet needs beside its
+// Bootstrap: its network, its cgroup and its runtime's binaries. Address is
+// the machine's address on the bridge's network.
+type RealNode struct {
+	// NetNS is the network namespace file the kubelet and the runtime
+	// run in, e.g. /run/netns/marina-<hash>.
+	NetNS string `json:"netns"`
+	// Network is the bridge's network (e.g. 10.231.0.0/16): the Nodes
+	// whose address is in it are reached in one hop.
+	Network string `json:"network"`
+	// Cgroup is the machine's cgroup (e.g. /marina/<uid>) in every
+	// hierarchy: the agent joins it, the kubelet's cgroupRoot is below it.
+	Cgroup string `json:"cgroup"`
+	// RuntimeDir holds the runtime's state and sockets (kept short:
+	// socket paths are at most 107 bytes), e.g. /run/marina/<hash>.
+	RuntimeDir string `json:"runtimeDir"`
+	// ContainerdVersion is the containerd the machine runs
+	// (containerd-<version> in BinDir).
+	ContainerdVersion string `json:"containerdVersion"`
+	// CNIBinDir holds the CNI reference plugins (bridge, host-local,
+	// loopback, portmap).
+	CNIBinDir string `json:"cniBinDir"`
+	// ImagesDir holds image tarballs (the pause image and marina's test
+	// images) imported into the runtime at start; empty: none.
+	ImagesDir string `json:"imagesDir,omitempty"`
+	// MaxPods is the kubelet's maxPods.
+	MaxPods int `json:"maxPods"`
 }
 
 // ReadBootstrap reads dir's bootstrap document. Its error wraps

@@ -1,0 +1,313 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"marina.dev/marina/internal/remote"
+	"marina.dev/marina/internal/testenv"
+)
+
+// Real workers (issue 32): examples/minimal + examples/real-workers on
+// marina up make three Nodes whose kubelet, containerd and kube-proxy are
+// real. A Deployment of three replicas of the locally built hello image
+// spreads over them; from a pod on one Node the others answer by pod IP
+// and through their Service's ClusterIP, the NodePort answers from the
+// management host, and kubectl logs, exec and port-forward work. Each
+// answer's content names the pod that gave it. Deleting the cluster
+// leaves no container, mount, network namespace, veth or cgroup.
+func TestRealWorkersRunPods(t *testing.T) {
+	requireRealWorkers(t)
+	u, root, c := startUpWithClient(t)
+	ctx := context.Background()
+	applied := time.Now()
+	u.applyExample(t, "minimal")
+	u.applyExample(t, "real-workers")
+	key := types.NamespacedName{Namespace: "default", Name: "minimal"}
+	testenv.Eventually(t, 4*time.Minute, "6 machines Running", func() error { return machinesRunning(ctx, c, 6) })
+	workload := workloadClient(t, ctx, c, key)
+	var real []corev1.Node
+	testenv.Eventually(t, 3*time.Minute, "3 real Nodes Ready", func() error {
+		real = realNodes(t, ctx, workload)
+		ready := 0
+		for _, n := range real {
+			if nodeReady(&n) {
+				ready++
+			}
+		}
+		if ready != 3 {
+			return fmt.Errorf("%d of %d real Nodes Ready", ready, len(real))
+		}
+		return nil
+	})
+	t.Logf("3 real Nodes Ready %.1fs after kubectl apply", time.Since(applied).Seconds())
+	for _, n := range real {
+		info := n.Status.NodeInfo
+		if !strings.HasPrefix(info.ContainerRuntimeVersion, "containerd://2.") || info.KubeletVersion != "v1.37.2" || strings.Contains(info.OSImage, "simulated") {
+			t.Errorf("node %s reports runtime %q, kubelet %q, OS %q: want containerd 2, v1.37.2, the host's OS", n.Name, info.ContainerRuntimeVersion, info.KubeletVersion, info.OSImage)
+		}
+	}
+
+	kubeconfig := writeWorkloadKubeconfig(t, ctx, u, key)
+	kubectl := func(args ...string) (string, error) {
+		out, err := exec.Command(filepath.Join(u.repoRoot(t), "bin", "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := kubectl("apply", "-f", filepath.Join(u.repoRoot(t), "examples", "workload")); err != nil {
+		t.Fatalf("kubectl apply -f examples/workload: %v\n%s", err, out)
+	}
+	var pods []corev1.Pod
+	testenv.Eventually(t, 2*time.Minute, "3 hello pods Running on 3 Nodes", func() error {
+		list, err := workload.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=hello"})
+		if err != nil {
+			return err
+		}
+		nodes := map[string]bool{}
+		pods = nil
+		for _, p := range list.Items {
+			if p.Status.Phase == corev1.PodRunning && podReady(&p) {
+				pods = append(pods, p)
+				nodes[p.Spec.NodeName] = true
+			}
+		}
+		if len(pods) != 3 || len(nodes) != 3 {
+			return fmt.Errorf("%d pods ready on %d Nodes", len(pods), len(nodes))
+		}
+		return nil
+	})
+	t.Logf("the hello Deployment served by 3 pods %.1fs after kubectl apply", time.Since(applied).Seconds())
+	a, b := pods[0], pods[1]
+
+	// exec, and a pod on another Node by its pod IP.
+	out, err := kubectl("exec", a.Name, "--", "/hello", "-get", "http://"+net.JoinHostPort(b.Status.PodIP, "8080")+"/from-a")
+	if err != nil || !strings.Contains(out, "hello from "+b.Name) {
+		t.Fatalf("kubectl exec %s -- /hello -get <%s's pod IP>: %v\n%s\nwant the answer of %s", a.Name, b.Name, err, out, b.Name)
+	}
+	// logs: b saw a's request, from a's pod IP (no masquerade between Nodes).
+	testenv.Eventually(t, 30*time.Second, "kubectl logs shows the request", func() error {
+		out, err := kubectl("logs", b.Name)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if !strings.Contains(out, "GET /from-a from "+a.Status.PodIP+":") {
+			return fmt.Errorf("no request from %s (%s) in the log:\n%s", a.Name, a.Status.PodIP, out)
+		}
+		return nil
+	})
+
+	svc, err := workload.CoreV1().Services("default").Get(ctx, "hello", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The ClusterIP from a pod: kube-proxy's rules in the pod's Node.
+	names := podNames(pods)
+	testenv.Eventually(t, time.Minute, "the Service's ClusterIP answers from a pod", func() error {
+		out, err := kubectl("exec", a.Name, "--", "/hello", "-get", "http://"+net.JoinHostPort(svc.Spec.ClusterIP, "80")+"/")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if from := helloFrom(out); !names[from] {
+			return fmt.Errorf("answer %q is from none of the pods %v", out, names)
+		}
+		return nil
+	})
+	// The NodePort from the management host, on every real Node.
+	nodePort := svc.Spec.Ports[0].NodePort
+	for _, n := range real {
+		ip := internalIP(&n)
+		testenv.Eventually(t, time.Minute, "the NodePort answers on "+n.Name, func() error {
+			body, err := httpGet(ctx, "http://"+net.JoinHostPort(ip, strconv.Itoa(int(nodePort)))+"/")
+			if err != nil {
+				return err
+			}
+			if from := helloFrom(body); !names[from] {
+				return fmt.Errorf("answer %q is from none of the pods %v", body, names)
+			}
+			return nil
+		})
+	}
+	// port-forward, as a user reaches a pod from their machine.
+	checkPortForward(t, kubeconfig, u.repoRoot(t), pods[2].Name)
+
+	if out, err := u.kubectl(t, "delete", "cluster", "minimal"); err != nil {
+		t.Fatalf("kubectl delete cluster: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 3*time.Minute, "nothing of the real workers left on the host", func() error {
+		if left := leftovers(t, root); len(left) > 0 {
+			return fmt.Errorf("left on disk: %v", left)
+		}
+		return realLeftovers(root)
+	})
+}
+
+// requireRealWorkers skips when this host cannot run a real kubelet:
+// not root, or make setup / make images / tools/test-deps.sh not run.
+func requireRealWorkers(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("real workers need root")
+	}
+	binDir, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{filepath.Join(binDir, "images", "pause.tar"), filepath.Join(binDir, "images", "hello.tar"), "/usr/lib/cni/bridge"} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("real workers need %s: make test builds and installs it (make images, tools/test-deps.sh)", f)
+		}
+	}
+}
+
+func realNodes(t *testing.T, ctx context.Context, cs kubernetes.Interface) []corev1.Node {
+	t.Helper()
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "example.marina.dev/pool=minimal-real-workers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nodes.Items
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func podNames(pods []corev1.Pod) map[string]bool {
+	m := map[string]bool{}
+	for _, p := range pods {
+		m[p.Name] = true
+	}
+	return m
+}
+
+func internalIP(n *corev1.Node) string {
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			return a.Address
+		}
+	}
+	return ""
+}
+
+// helloFrom is the pod name in a hello answer ("hello from <name>").
+func helloFrom(body string) string {
+	first, _, _ := strings.Cut(body, "\n")
+	return strings.TrimPrefix(strings.TrimSpace(first), "hello from ")
+}
+
+func httpGet(ctx context.Context, url string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(body), err
+}
+
+// checkPortForward runs kubectl port-forward to pod and expects its answer
+// through the forwarded local port.
+func checkPortForward(t *testing.T, kubeconfig, repo, pod string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(repo, "bin", "kubectl"), "--kubeconfig", kubeconfig, "port-forward", "pod/"+pod, "--address", "127.0.0.1", ":8080")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	// "Forwarding from 127.0.0.1:PORT -> 8080"
+	lines := bufio.NewScanner(stdout)
+	var local string
+	deadline := time.Now().Add(30 * time.Second)
+	for local == "" && time.Now().Before(deadline) && lines.Scan() {
+		if f := strings.Fields(lines.Text()); len(f) >= 3 && f[0] == "Forwarding" {
+			local = f[2]
+		}
+	}
+	if local == "" {
+		t.Fatalf("kubectl port-forward pod/%s printed no forwarding line", pod)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	body, err := httpGet(context.Background(), "http://"+local+"/forwarded")
+	if err != nil || helloFrom(body) != pod {
+		t.Fatalf("GET through kubectl port-forward pod/%s: %v %q, want the pod's answer", pod, err, body)
+	}
+}
+
+// writeWorkloadKubeconfig writes the cluster's admin kubeconfig to a file
+// (0600), as the README has a user do.
+func writeWorkloadKubeconfig(t *testing.T, ctx context.Context, u *upProcess, key types.NamespacedName) string {
+	t.Helper()
+	c := mgmtClient(t, u.stateDir)
+	secret := &corev1.Secret{}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: remote.KubeconfigSecretName(key.Name)}, secret); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), key.Name+".kubeconfig")
+	if err := os.WriteFile(path, secret.Data[remote.KubeconfigSecretKey], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// realLeftovers says what real machines under root left on the host: a
+// network namespace or veth of marina's, a cgroup below /marina, a mount
+// below root or /run/marina, a runtime directory.
+func realLeftovers(root string) error {
+	var left []string
+	if ns, _ := filepath.Glob("/run/netns/marina-*"); len(ns) > 0 {
+		left = append(left, fmt.Sprintf("network namespaces %v", ns))
+	}
+	if links, _ := filepath.Glob("/sys/class/net/mv*"); len(links) > 0 {
+		left = append(left, fmt.Sprintf("veths %v", links))
+	}
+	if groups, _ := filepath.Glob("/sys/fs/cgroup/*/marina/*"); len(groups) > 0 {
+		left = append(left, fmt.Sprintf("cgroups %v", groups))
+	}
+	if dirs, _ := filepath.Glob("/run/marina/*"); len(dirs) > 0 {
+		left = append(left, fmt.Sprintf("runtime directories %v", dirs))
+	}
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (strings.HasPrefix(f[4], root) || strings.HasPrefix(f[4], "/run/marina/")) {
+			left = append(left, "mount "+f[4])
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("left on the host: %s", strings.Join(left, "; "))
+	}
+	return nil
+}
