@@ -27,7 +27,13 @@ const Root = "/sys/fs/cgroup"
 
 // Hierarchies lists the mounted hierarchies' directories: one per v1
 // controller (or named hierarchy), or the v2 root alone on a v2 host.
-func Hierarchies() ([]string, error) {
+func Hierarchies() ([]string, error) { return hierarchies(false) }
+
+// allHierarchies adds, on a hybrid host, the unified hierarchy, where
+// runc makes a container's groups too: what removal must look at.
+func allHierarchies() ([]string, error) { return hierarchies(true) }
+
+func hierarchies(withUnified bool) ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -51,6 +57,9 @@ func Hierarchies() ([]string, error) {
 		case "cgroup2":
 			if fields[4] == Root {
 				return []string{Root}, nil // a v2 host: one hierarchy
+			}
+			if withUnified {
+				dirs = append(dirs, fields[4])
 			}
 			// The hybrid layout's unified mount holds no controllers the
 			// kubelet uses; the v1 hierarchies are the machine's.
@@ -110,7 +119,7 @@ func mkdirCgroup(h, group string) error {
 // Processes lists the processes in group and every group below it, in
 // any hierarchy.
 func Processes(group string) ([]int, error) {
-	hs, err := Hierarchies()
+	hs, err := allHierarchies()
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +189,7 @@ func KillAll(group string, timeout time.Duration) error {
 // hierarchy; a group that still holds a process cannot be removed and is
 // an error.
 func Remove(group string) error {
-	hs, err := Hierarchies()
+	hs, err := allHierarchies()
 	if err != nil {
 		return err
 	}
@@ -206,7 +215,7 @@ func Remove(group string) error {
 // process and no group below it; elsewhere it stays. For a parent shared
 // by several machines, removed with the last one.
 func RemoveEmpty(group string) {
-	hs, err := Hierarchies()
+	hs, err := allHierarchies()
 	if err != nil {
 		return
 	}
