@@ -125,18 +125,23 @@ func dial(ctx context.Context, h Host, creds *Credentials) (*conn, error) {
 func (c *conn) Close() error { return c.client.Close() }
 
 // run runs cmd through the user's shell with stdin, and returns its
-// combined output. A non-zero exit is an error wrapping *ssh.ExitError.
+// standard output and its combined output (stdout and stderr as they came,
+// for the errors and events that show a person what happened). Only stdout
+// is ever parsed: a host's shell start-up files may write to stderr (a
+// version manager's warning, a message of the day) and that text must
+// never be taken for the command's answer. A non-zero exit is an error
+// wrapping *ssh.ExitError.
 // When ctx ends the session is closed and run returns at once; the
 // command may go on running on the host (nothing signals a command without
 // a terminal), which runStep deals with.
-func (c *conn) run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
+func (c *conn) run(ctx context.Context, cmd string, stdin io.Reader) (stdout, combined []byte, err error) {
 	s, err := c.client.NewSession()
 	if err != nil {
-		return nil, fmt.Errorf("host %s: opening a session: %w", c.host.target(), err)
+		return nil, nil, fmt.Errorf("host %s: opening a session: %w", c.host.target(), err)
 	}
 	defer s.Close()
 	var out lockedBuffer
-	s.Stdout, s.Stderr, s.Stdin = &out, &out, stdin
+	s.Stdout, s.Stderr, s.Stdin = out.stdout(), &out, stdin
 	done := make(chan error, 1)
 	go func() { done <- s.Run(cmd) }()
 	select {
@@ -146,18 +151,21 @@ func (c *conn) run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 		// command's output ends, which a stuck step may never do. Run
 		// returns when the caller closes the connection.
 		s.Close()
-		return out.bytes(), ctx.Err()
+		return out.stdoutBytes(), out.bytes(), ctx.Err()
 	}
-	return out.bytes(), err
+	return out.stdoutBytes(), out.bytes(), err
 }
 
 // lockedBuffer is the output of a command's stdout and stderr, copied in by
 // two goroutines: a bytes.Buffer written from both loses output (a
 // ReadFrom that reads nothing still truncates the buffer to the length it
 // saw when it started).
+// Writes to it are stderr; stdout() is the writer for stdout, whose bytes
+// go to both buffers.
 type lockedBuffer struct {
 	mu  sync.Mutex
-	buf bytes.Buffer
+	buf bytes.Buffer // stdout and stderr
+	out bytes.Buffer // stdout alone
 }
 
 func (b *lockedBuffer) Write(p []byte) (int, error) {
@@ -166,19 +174,37 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
+type stdoutWriter struct{ b *lockedBuffer }
+
+func (w stdoutWriter) Write(p []byte) (int, error) {
+	w.b.mu.Lock()
+	defer w.b.mu.Unlock()
+	w.b.out.Write(p)
+	return w.b.buf.Write(p)
+}
+
+func (b *lockedBuffer) stdout() io.Writer { return stdoutWriter{b} }
+
 func (b *lockedBuffer) bytes() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return append([]byte(nil), b.buf.Bytes()...)
 }
 
-// output runs cmd and returns its output, or an error with it.
+func (b *lockedBuffer) stdoutBytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.out.Bytes()...)
+}
+
+// output runs cmd and returns its standard output, or an error with the
+// last lines of everything it printed.
 func (c *conn) output(ctx context.Context, cmd string) (string, error) {
-	out, err := c.run(ctx, cmd, nil)
+	stdout, all, err := c.run(ctx, cmd, nil)
 	if err != nil {
-		return "", fmt.Errorf("host %s: %w: %s", c.host.target(), err, lastLines(out, 5))
+		return "", fmt.Errorf("host %s: %w: %s", c.host.target(), err, lastLines(all, 5))
 	}
-	return string(out), nil
+	return string(stdout), nil
 }
 
 // upload writes r to path on the host with mode, atomically (a temporary
@@ -188,7 +214,7 @@ func (c *conn) upload(ctx context.Context, path string, mode uint32, r io.Reader
 	tmp := path + ".part"
 	cmd := fmt.Sprintf("set -e; umask 077; mkdir -p %s; cat > %s; chmod %o %s; mv -f %s %s",
 		shellQuote(dirOf(path)), shellQuote(tmp), mode, shellQuote(tmp), shellQuote(tmp), shellQuote(path))
-	out, err := c.run(ctx, cmd, r)
+	_, out, err := c.run(ctx, cmd, r)
 	if err != nil {
 		return fmt.Errorf("host %s: copying %s: %w: %s", c.host.target(), path, err, lastLines(out, 5))
 	}

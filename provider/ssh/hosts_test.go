@@ -92,15 +92,47 @@ func (hs *hostSet) apply(t *testing.T, ns string) {
 	}
 }
 
-// ssh runs a command on host i (1-based) as root, with the test's key.
+// ssh runs a command on host i (1-based) as root, with the test's key,
+// and returns its stdout.
 func (hs *hostSet) ssh(t *testing.T, i int, command string) string {
 	t.Helper()
-	out, err := exec.Command("ssh", "-q", "-o", "BatchMode=yes", "-o", "UserKnownHostsFile="+filepath.Join(hs.dir, "known_hosts"),
-		"-i", filepath.Join(hs.dir, "id_ed25519"), fmt.Sprintf("root@10.78.0.%d", 10+i), command).CombinedOutput()
+	out, err := hs.sshCommand(i, command).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("ssh host %d %q: %v\n%s%s", i, command, err, out, stderr)
+	}
+	return string(out)
+}
+
+// sshCombined is ssh returning stdout and stderr.
+func (hs *hostSet) sshCombined(t *testing.T, i int, command string) string {
+	t.Helper()
+	out, err := hs.sshCommand(i, command).CombinedOutput()
 	if err != nil {
 		t.Fatalf("ssh host %d %q: %v\n%s", i, command, err, out)
 	}
 	return string(out)
+}
+
+func (hs *hostSet) sshCommand(i int, command string) *exec.Cmd {
+	return exec.Command("ssh", "-q", "-o", "BatchMode=yes", "-o", "UserKnownHostsFile="+filepath.Join(hs.dir, "known_hosts"),
+		"-i", filepath.Join(hs.dir, "id_ed25519"), fmt.Sprintf("root@10.78.0.%d", 10+i), command)
+}
+
+// noisyShell gives host i (1-based) a ~/.bashrc that writes a warning to
+// stderr in every session, as bash runs it for commands sent over SSH.
+func (hs *hostSet) noisyShell(t *testing.T, i int) {
+	t.Helper()
+	rc := filepath.Join(hs.dir, fmt.Sprintf("host-%d", i), "home", ".bashrc")
+	if err := os.WriteFile(rc, []byte("echo 'warning: a start-up file of this host writes to stderr' >&2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := hs.sshCombined(t, i, "true"); !strings.Contains(out, "warning: a start-up file") {
+		t.Fatalf("host %d's shell does not run its ~/.bashrc for SSH commands (got %q): the test would prove nothing", i, out)
+	}
 }
 
 func hostAddr(i int) string { return fmt.Sprintf("10.78.0.%d:22", 10+i) }

@@ -66,6 +66,11 @@ func TestClaimIsExclusiveAndSurvivesRestart(t *testing.T) {
 	state := t.TempDir()
 	p := newProvider(t, state)
 	spec := workerSpec(t, "")
+	// Host 2's shell start-up files write to stderr, as a version manager
+	// or a banner does on many servers: the provider must read the
+	// commands' answers from stdout alone (a claim once read as "claimed
+	// by machine pyenv: cannot rehash...").
+	hs.noisyShell(t, 2)
 
 	a, b := uid("00000000000a"), uid("00000000000b")
 	inst, err := p.Create(ctx, workerRequest(ns, "a", a, spec))

@@ -268,7 +268,7 @@ set -o pipefail
 rc=$?
 rm -f %[2]s
 exit $rc`, logDir, stepPGIDFile, shellQuote(header), LogFile)
-	out, err := c.run(ctx, "bash -c "+shellQuote(inner), strings.NewReader(s.Script))
+	_, out, err := c.run(ctx, "bash -c "+shellQuote(inner), strings.NewReader(s.Script))
 	tail := lastLines(out, 10)
 	if err != nil {
 		msg := fmt.Sprintf("host %s: step %s (%s) failed: %v; last lines of its output (all of it in %s there):\n%s",
