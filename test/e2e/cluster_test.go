@@ -285,13 +285,23 @@ func machinesRunning(ctx context.Context, c client.Client, want int) error {
 		return err
 	}
 	running := 0
+	var others []string
 	for _, m := range list.Items {
 		if m.Status.Phase == clusterv1.MachinePhaseRunning {
 			running++
+			continue
 		}
+		// What holds the others back, for a failure to name it.
+		why := string(m.Status.Phase)
+		for _, c := range m.Status.Conditions {
+			if c.Status != metav1.ConditionTrue {
+				why += fmt.Sprintf("; %s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
+			}
+		}
+		others = append(others, m.Name+": "+why)
 	}
 	if len(list.Items) != want || running != want {
-		return fmt.Errorf("%d machines, %d Running, want %d", len(list.Items), running, want)
+		return fmt.Errorf("%d machines, %d Running, want %d\n%s", len(list.Items), running, want, strings.Join(others, "\n"))
 	}
 	return nil
 }
