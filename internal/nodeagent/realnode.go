@@ -29,7 +29,8 @@ import (
 
 // The real node's files, under its sandbox.
 const (
-	// KubeletDir is the kubelet's --root-dir.
+	// KubeletDir holds the kubelet's credentials and configuration (its
+	// --cert-dir, the CA, resolv.conf); its --root-dir is kubeletRoot.
 	KubeletDir = "kubelet"
 	// ContainerdDir is containerd's root (images, snapshots).
 	ContainerdDir = "containerd"
@@ -187,6 +188,15 @@ func (n *realNode) path(parts ...string) string {
 	return filepath.Join(append([]string{n.dir}, parts...)...)
 }
 
+// kubeletRoot is the kubelet's --root-dir. It is in the machine's short
+// runtime directory, not in its sandbox: the kubelet listens on unix
+// sockets below it (pod-resources, device-plugins, plugins_registry), and a
+// socket's path must fit in 108 bytes, which a sandbox under a long state
+// directory (a test's temporary one) does not. Its pods' volumes then live
+// in /run as the runtime's state does; a host's reboot empties both, and
+// the kubelet makes them again for the pods it runs.
+func (n *realNode) kubeletRoot() string { return filepath.Join(n.boot.Real.RuntimeDir, "kubelet") }
+
 // socket is containerd's CRI socket.
 func (n *realNode) socket() string { return filepath.Join(n.boot.Real.RuntimeDir, "containerd.sock") }
 
@@ -208,7 +218,7 @@ func (n *realNode) kubeletManifest(version, bin string) *manifest.Manifest {
 	args := []string{
 		"--config=" + n.path(kubeletConfigJSON),
 		"--kubeconfig=" + n.path(kubeletKubeconfig),
-		"--root-dir=" + n.path(KubeletDir),
+		"--root-dir=" + n.kubeletRoot(),
 		"--cert-dir=" + n.path(KubeletDir, "pki"),
 		"--hostname-override=" + n.boot.NodeName,
 		"--node-ip=" + n.boot.Address,

@@ -5,6 +5,9 @@ import (
 	"os"
 	"testing"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"marina.dev/marina/internal/testenv"
 )
 
@@ -16,6 +19,9 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	// The suite's clients log nothing worth reading; without a logger
+	// controller-runtime prints a stack trace into the output instead.
+	ctrllog.SetLogger(logr.Discard())
 	tmp, err := os.MkdirTemp("", "marina-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
