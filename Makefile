@@ -63,11 +63,14 @@ node-deps: ## Install what real worker nodes need beside make setup's containerd
 
 .PHONY: test
 # The two longest packages are named first so that go test starts them
-# first: the e2e suite alone takes about 27 minutes, and everything else fits
-# beside it on a second core (named last, ./... found it last, and it ran
-# alone after the others).
+# first, and everything else fits beside them (named last, ./... found them
+# last, and they ran alone after the others). The e2e tests run side by
+# side, up to E2E_PARALLEL at once: most of their time is spent waiting on
+# real timeouts with the cores idle. tools/testreport prints each package's
+# line, the output of failing tests, and the slowest packages and tests.
+E2E_PARALLEL ?= 4
 test: setup images test-deps lint ## Build what the tests need, then run every test
-	go test -count=1 -timeout 45m ./test/e2e/ ./test/crashpoint/ ./...
+	set -o pipefail; go test -count=1 -json -parallel $(E2E_PARALLEL) -timeout 45m ./test/e2e/ ./test/crashpoint/ ./... | go run ./tools/testreport
 
 .PHONY: run
 run: setup images node-deps build ## Build what is missing and start the embedded management plane (marina up)

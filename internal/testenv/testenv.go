@@ -8,12 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -271,35 +273,58 @@ func (e *Env) Namespace(t testing.TB) string {
 	return ns.Name
 }
 
+// Ports FreePorts hands out: below Linux's ephemeral range (32768-60999 by
+// default), where the kernel picks the source port of every outgoing
+// connection and the ":0" of every listener, so that a client socket of
+// another test cannot take a port between FreePorts and the bind.
+const (
+	firstTestPort = 10000
+	lastTestPort  = 32767
+)
+
+// handedOut holds, under handedOutMu, the ports FreePorts returned in this
+// process: a port is handed out once, so that tests running side by side
+// (t.Parallel) never get the same one even before either has bound it.
+var (
+	handedOutMu sync.Mutex
+	handedOut   = map[int]bool{}
+)
+
 // FreePorts returns a port p on 127.0.0.1 such that p..p+n-1 are all free
-// right now (etcd wants its client and peer ports side by side).
+// right now and handed out to no other caller of this process (etcd wants
+// its client and peer ports side by side). Another process may still bind
+// one first: callers that start servers retry on "address in use".
 func FreePorts(t testing.TB, n int) int {
 	t.Helper()
-	for attempt := 0; attempt < 100; attempt++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("finding a free port: %v", err)
-		}
-		base := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if base+n > 65535 {
-			continue
-		}
-		ok := true
-		for p := base + 1; p < base+n && ok; p++ {
-			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-			if err != nil {
-				ok = false
-				continue
+	handedOutMu.Lock()
+	defer handedOutMu.Unlock()
+	for attempt := 0; attempt < 1000; attempt++ {
+		base := firstTestPort + rand.IntN(lastTestPort-firstTestPort-n+2)
+		if portsFree(base, n) {
+			for p := base; p < base+n; p++ {
+				handedOut[p] = true
 			}
-			l.Close()
-		}
-		if ok {
 			return base
 		}
 	}
-	t.Fatalf("no %d consecutive free ports found on 127.0.0.1", n)
+	t.Fatalf("no %d consecutive free ports found on 127.0.0.1 in %d-%d", n, firstTestPort, lastTestPort)
 	return 0
+}
+
+// portsFree says whether base..base+n-1 are neither handed out nor bound;
+// called under handedOutMu.
+func portsFree(base, n int) bool {
+	for p := base; p < base+n; p++ {
+		if handedOut[p] {
+			return false
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			return false
+		}
+		l.Close()
+	}
+	return true
 }
 
 // BuildMarina builds the marina binary into dir and returns its path, for

@@ -18,6 +18,7 @@ import (
 // cluster --wait in a pipe shows the machines going and exits 0 once all
 // is gone.
 func TestCreateAndDeleteClusterWithProgress(t *testing.T) {
+	t.Parallel()
 	u, root, _ := startUpWithClient(t)
 	kubeconfig := filepath.Join(u.stateDir, "admin.kubeconfig")
 	create := fmt.Sprintf("%s create cluster dev --control-planes 1 --workers 2 --wait --timeout 5m --kubeconfig %s", marinaBin, kubeconfig)

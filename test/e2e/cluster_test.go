@@ -38,6 +38,7 @@ import (
 // with its kubeconfig, see its three Nodes; a killed component comes back;
 // no key marina made reaches a log; deleting the cluster leaves nothing.
 func TestUpMakesTheMinimalClusterReal(t *testing.T) {
+	t.Parallel()
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
 	applied := time.Now()

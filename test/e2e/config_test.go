@@ -25,6 +25,7 @@ import (
 // cluster for `marina controller`: it must apply cleanly to a real API
 // server, and its tenancy policy must hold there (M6).
 func TestConfigDefault(t *testing.T) {
+	t.Parallel()
 	env, err := testenv.StartWorkload()
 	if err != nil {
 		t.Fatal(err)

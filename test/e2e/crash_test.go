@@ -26,6 +26,7 @@ import (
 // uninterrupted run does: one CA, one etcd member per control-plane machine,
 // one sandbox per machine, one endpoint; then nothing at all.
 func TestUpKilledWhileMakingAndDeletingAClusterConverges(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	u := startUp(t, stateDir)
 	root := filepath.Join(stateDir, "machines")

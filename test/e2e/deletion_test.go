@@ -30,6 +30,7 @@ import (
 //     killed), worker-1 deleted with nodeDeletionTimeout 30 s goes all the
 //     same, with an event saying its Node could not be removed.
 func TestUpDeletesMachinesWhoseDrainOrClusterNeverAnswers(t *testing.T) {
+	t.Parallel()
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
 	u.applyExample(t, "minimal")

@@ -25,6 +25,7 @@ import (
 // removed before its sandbox goes: the cluster ends with 3 machines and 3
 // healthy voting members (no learner left), and keeps serving writes.
 func TestControlPlaneMachinesDeletedBeforeTheirAddressDoNotCostTheQuorum(t *testing.T) {
+	t.Parallel()
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
 	cluster := `apiVersion: cluster.marina.dev/v1alpha1

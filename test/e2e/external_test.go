@@ -36,6 +36,7 @@ import (
 // against the user's CA alone, its data lands in that etcd, and marina never
 // changes that etcd's membership.
 func TestUpRunsAClusterOnExternalEtcdWithTheUsersCA(t *testing.T) {
+	t.Parallel()
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
 

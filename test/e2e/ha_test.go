@@ -30,6 +30,7 @@ import (
 // writer through the endpoint never fails for longer than the endpoint's
 // failover throughout.
 func TestUpRunsTheHAClusterThroughLossAndScaling(t *testing.T) {
+	t.Parallel()
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
 	applied := time.Now()

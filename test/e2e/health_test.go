@@ -33,6 +33,7 @@ import (
 //     marks it, its MachineSet replaces it, and the cluster is back to ten
 //     Ready workers.
 func TestUpRemediatesADeadWorkerButNotAStorm(t *testing.T) {
+	t.Parallel()
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
 	key := types.NamespacedName{Namespace: "default", Name: "health"}

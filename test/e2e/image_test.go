@@ -36,6 +36,7 @@ import (
 // leads, and makes examples/minimal Ready with the local provider, whose
 // machines' processes run inside the container, then deletes it.
 func TestTheImageRunsTheControllerThatMakesACluster(t *testing.T) {
+	t.Parallel()
 	podman := requirePodman(t)
 	dir := t.TempDir()
 	// A version of this run's own, so the image loaded is this one.

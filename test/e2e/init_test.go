@@ -41,6 +41,7 @@ import (
 // server has no nodes to run its Deployment. Its metrics endpoint answers
 // only callers allowed to get /metrics.
 func TestInitInstallsMarinaAndItsPostConditionsHold(t *testing.T) {
+	t.Parallel()
 	env, err := testenv.StartWorkload()
 	if err != nil {
 		t.Fatal(err)

@@ -17,7 +17,8 @@ import (
 
 // localControlPlaneCluster: one local control-plane machine whose
 // endpoint is set at the management host's end of the hosts' bridge
-// (10.77.0.1, port %d), and a worker on SSH host 1.
+// (10.77.0.1, port %d), and a worker on SSH host 1; the test moves them
+// to localCPHosts' network.
 const localControlPlaneCluster = `apiVersion: cluster.marina.dev/v1alpha1
 kind: Cluster
 metadata: {name: lcp, namespace: default}
@@ -59,9 +60,10 @@ spec:
 // API servers stay on loopback behind it), and the worker's Node, whose
 // kubelet talks to that address from its own network namespace, is Ready.
 func TestLocalControlPlaneWithAnSSHWorker(t *testing.T) {
-	manifests, _ := sshHosts(t, 1)
+	t.Parallel()
+	manifests, _ := sshHosts(t, localCPHosts, 1)
 	// A free port on the bridge (it exists once the hosts are up).
-	l, err := net.Listen("tcp", "10.77.0.1:0")
+	l, err := net.Listen("tcp", localCPHosts.host(0)+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +71,7 @@ func TestLocalControlPlaneWithAnSSHWorker(t *testing.T) {
 	l.Close()
 
 	// The operator opens the bridge's address to clusters' endpoints.
-	u, _, c := startUpWithClient(t, "--endpoint-addresses", "10.77.0.1")
+	u, _, c := startUpWithClient(t, "--endpoint-addresses", localCPHosts.host(0))
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("marina up's output, the cluster's lines:\n%s", grepLines(u.out.String(), "lcp"))
@@ -79,7 +81,7 @@ func TestLocalControlPlaneWithAnSSHWorker(t *testing.T) {
 	if out, err := u.kubectlStdin(t, manifests, "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply -f - (the hosts): %v\n%s", err, out)
 	}
-	if out, err := u.kubectlStdin(t, fmt.Sprintf(localControlPlaneCluster, port), "apply", "-f", "-"); err != nil {
+	if out, err := u.kubectlStdin(t, localCPHosts.in(fmt.Sprintf(localControlPlaneCluster, port)), "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply -f - (the cluster): %v\n%s", err, out)
 	}
 	key := types.NamespacedName{Namespace: "default", Name: "lcp"}
@@ -96,8 +98,8 @@ func TestLocalControlPlaneWithAnSSHWorker(t *testing.T) {
 	if err := c.Get(ctx, key, cluster); err != nil {
 		t.Fatal(err)
 	}
-	if ep := cluster.Spec.ControlPlaneEndpoint; ep.Host != "10.77.0.1" || int(ep.Port) != port {
-		t.Errorf("spec.controlPlaneEndpoint %+v, want the user's 10.77.0.1:%d", ep, port)
+	if ep := cluster.Spec.ControlPlaneEndpoint; ep.Host != localCPHosts.host(0) || int(ep.Port) != port {
+		t.Errorf("spec.controlPlaneEndpoint %+v, want the user's %s:%d", ep, localCPHosts.host(0), port)
 	}
 	if cluster.Annotations[clusterv1.ManagedEndpointAnnotation] != "true" {
 		t.Errorf("the endpoint at an address of this machine is not marked as marina's: annotations %v", cluster.Annotations)
@@ -121,11 +123,11 @@ func TestLocalControlPlaneWithAnSSHWorker(t *testing.T) {
 				return fmt.Errorf("node %s not Ready", n.Name)
 			}
 			for _, a := range n.Status.Addresses {
-				onHost = onHost || a.Address == "10.77.0.11"
+				onHost = onHost || a.Address == localCPHosts.host(1)
 			}
 		}
 		if !onHost {
-			return fmt.Errorf("no Node has the SSH host's address 10.77.0.11")
+			return fmt.Errorf("no Node has the SSH host's address %s", localCPHosts.host(1))
 		}
 		return nil
 	})

@@ -29,6 +29,7 @@ import (
 // process, and a Machine applied to it becomes a node-agent process whose
 // Node joins the workload cluster; deleting the Machine takes both away.
 func TestUpRunsAndDeletesALocalMachine(t *testing.T) {
+	t.Parallel()
 	workload, err := testenv.StartWorkload()
 	if err != nil {
 		t.Fatal(err)

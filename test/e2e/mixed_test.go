@@ -26,7 +26,7 @@ import (
 
 // mixedCluster: three control-plane machines on SSH hosts 1-3 behind a
 // balancer of the user's at 10.77.0.1:6443 (the management host's end of
-// the hosts' bridge), a worker on SSH host 4 and a worker of the local
+// the hosts' bridge; the test moves it to mixedHosts' network), a worker on SSH host 4 and a worker of the local
 // provider, all at upgradeFrom, upgraded InPlace.
 const mixedCluster = `apiVersion: cluster.marina.dev/v1alpha1
 kind: Cluster
@@ -95,8 +95,9 @@ spec:
 // it put in the machine when it made it (only the SSH provider copies the
 // new binaries into the host's binary directory).
 func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
+	t.Parallel()
 	const hosts = 4
-	manifests, onHost := sshHosts(t, hosts)
+	manifests, onHost := sshHosts(t, mixedHosts, hosts)
 	u, root, c := startUpWithClient(t)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -107,7 +108,7 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 	if out, err := u.kubectlStdin(t, manifests, "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply -f - (the hosts): %v\n%s", err, out)
 	}
-	if out, err := u.kubectlStdin(t, mixedCluster, "apply", "-f", "-"); err != nil {
+	if out, err := u.kubectlStdin(t, mixedHosts.in(mixedCluster), "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply -f - (the cluster): %v\n%s", err, out)
 	}
 	key := types.NamespacedName{Namespace: "default", Name: "mixed"}
@@ -262,7 +263,7 @@ func userBalancer(t *testing.T, ctx context.Context, c client.Client, key types.
 		return c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: key.Name + "-ca"}, ca)
 	})
 	dir := filepath.Join(t.TempDir(), "lb")
-	cfg := loadbalancer.FileConfig{Listen: "10.77.0.1:6443", Backends: []string{"10.77.0.11:6443", "10.77.0.12:6443", "10.77.0.13:6443"}}
+	cfg := loadbalancer.FileConfig{Listen: mixedHosts.host(0) + ":6443", Backends: []string{mixedHosts.host(1) + ":6443", mixedHosts.host(2) + ":6443", mixedHosts.host(3) + ":6443"}}
 	if err := loadbalancer.WriteDir(dir, cfg, loadbalancer.TLSFiles{CA: ca.Data[corev1.TLSCertKey]}); err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,7 @@ import (
 // own meanwhile). Killed halfway (the test-only stop after k writes), the
 // move run again finishes the same.
 func TestMoveHandsTheClustersToAnotherPlane(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		stopAfter int // writes before the first run stops; 0: it does not

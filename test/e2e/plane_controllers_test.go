@@ -26,6 +26,7 @@ import (
 // Secrets) needs the first. envtest runs no controller manager, so only
 // marina up can show it.
 func TestUpCascadesDeletesNamespacesAndTokens(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	u := startUp(t, stateDir)
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(stateDir, "admin.kubeconfig"))

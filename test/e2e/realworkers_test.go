@@ -33,6 +33,7 @@ import (
 // answer's content names the pod that gave it. Deleting the cluster
 // leaves no container, mount, network namespace, veth or cgroup.
 func TestRealWorkersRunPods(t *testing.T) {
+	t.Parallel()
 	requireRealWorkers(t)
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()

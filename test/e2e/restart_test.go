@@ -35,6 +35,7 @@ import (
 // replacement), the ConfigMap still there, the CA unchanged, and one
 // process of each kind, no duplicate.
 func TestUpComesBackAfterAPowerCut(t *testing.T) {
+	t.Parallel()
 	powerCut(t, []string{"minimal", "workers"}, types.NamespacedName{Namespace: "default", Name: "minimal"}, 6, 1)
 }
 
@@ -42,6 +43,7 @@ func TestUpComesBackAfterAPowerCut(t *testing.T) {
 // once, and none has a quorum until the others are started too; Ready
 // again, with 3 healthy voting members.
 func TestUpBringsBackAStackedControlPlaneAfterAPowerCut(t *testing.T) {
+	t.Parallel()
 	powerCut(t, []string{"ha"}, types.NamespacedName{Namespace: "default", Name: "ha"}, 7, 3)
 }
 

@@ -28,6 +28,7 @@ import (
 // deleted) at every change of a worker: never fewer than 10, never more
 // than 12 workers.
 func TestUpRollsWorkersWithoutLosingAvailability(t *testing.T) {
+	t.Parallel()
 	u, _, c := startUpWithClient(t)
 	ctx := context.Background()
 	u.applyExample(t, "health")

@@ -22,11 +22,39 @@ import (
 	"marina.dev/marina/internal/testenv"
 )
 
-// sshHosts starts n hosts with tools/ssh-hosts, as the docs do (its
-// default names and addresses: examples/ssh names 10.77.0.11), and
-// returns the manifests it printed and a way to run a command on host i.
-// The hosts and everything they ran go when the test ends.
-func sshHosts(t *testing.T, n int) (manifests string, onHost func(i int, command string) string) {
+// sshNet is the names and addresses a test's SSH hosts take on this
+// host: each test that makes hosts has its own, so that the tests run side
+// by side (issue 34).
+type sshNet struct {
+	prefix string // tools/ssh-hosts' MARINA_SSH_HOSTS_PREFIX
+	net    string // the first three octets of the hosts' /24
+}
+
+var (
+	// exampleHosts are tools/ssh-hosts' defaults, which examples/ssh names
+	// (10.77.0.11).
+	exampleHosts = sshNet{prefix: "mssh", net: "10.77.0"}
+	mixedHosts   = sshNet{prefix: "msshmix", net: "10.77.1"}
+	localCPHosts = sshNet{prefix: "msshlcp", net: "10.77.2"}
+)
+
+// in rewrites the default network's addresses in s (a manifest written
+// for tools/ssh-hosts' defaults) into this one's.
+func (n sshNet) in(s string) string { return strings.ReplaceAll(s, exampleHosts.net+".", n.net+".") }
+
+// host is the address of host i (1..n), or of the management host's end
+// of the bridge for 0.
+func (n sshNet) host(i int) string {
+	if i == 0 {
+		return n.net + ".1"
+	}
+	return fmt.Sprintf("%s.%d", n.net, 10+i)
+}
+
+// sshHosts starts n hosts on network hn with tools/ssh-hosts, as the docs
+// do, and returns the manifests it printed and a way to run a command on
+// host i. The hosts and everything they ran go when the test ends.
+func sshHosts(t *testing.T, hn sshNet, n int) (manifests string, onHost func(i int, command string) string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("tools/ssh-hosts needs root (network namespaces, sshd)")
@@ -37,7 +65,7 @@ func sshHosts(t *testing.T, n int) (manifests string, onHost func(i int, command
 	}
 	dir := filepath.Join(t.TempDir(), "hosts")
 	tool := filepath.Join(repo, "tools", "ssh-hosts")
-	env := append(os.Environ(), "MARINA_SSH_HOSTS_DIR="+dir)
+	env := append(os.Environ(), "MARINA_SSH_HOSTS_DIR="+dir, "MARINA_SSH_HOSTS_PREFIX="+hn.prefix, "MARINA_SSH_HOSTS_NET="+hn.net)
 	up := exec.Command(tool, "up", fmt.Sprint(n))
 	up.Env = env
 	var stderr strings.Builder
@@ -56,7 +84,7 @@ func sshHosts(t *testing.T, n int) (manifests string, onHost func(i int, command
 	return string(out), func(i int, command string) string {
 		t.Helper()
 		out, err := exec.Command("ssh", "-q", "-o", "BatchMode=yes", "-o", "UserKnownHostsFile="+filepath.Join(dir, "known_hosts"),
-			"-i", filepath.Join(dir, "id_ed25519"), fmt.Sprintf("root@10.77.0.%d", 10+i), command).CombinedOutput()
+			"-i", filepath.Join(dir, "id_ed25519"), "root@"+hn.host(i), command).CombinedOutput()
 		if err != nil {
 			t.Fatalf("ssh host %d %q: %v\n%s", i, command, err, out)
 		}
@@ -73,8 +101,9 @@ func sshHosts(t *testing.T, n int) (manifests string, onHost func(i int, command
 // next attempt succeed. Deleting the cluster leaves every host released,
 // with no process of the machine and no file but the provisioning log.
 func TestSSHHostsRunTheExampleCluster(t *testing.T) {
+	t.Parallel()
 	// A fourth host for the machine whose provisioning fails, below.
-	manifests, onHost := sshHosts(t, 4)
+	manifests, onHost := sshHosts(t, exampleHosts, 4)
 	u, _, c := startUpWithClient(t)
 	t.Cleanup(func() {
 		if t.Failed() {

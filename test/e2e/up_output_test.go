@@ -21,6 +21,7 @@ var klogLine = regexp.MustCompile(`(?m)^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ `)
 // banner alone) goes to a file in the state directory, which the banner
 // names.
 func TestUpShowsProgressNotTheControllersLog(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	u := startUp(t, stateDir)
 	// startUp returns at the banner's first line.

@@ -27,6 +27,9 @@ type upProcess struct {
 	out      *syncBuffer
 	stateDir string
 	done     chan struct{}
+	// ports are the plane's on 127.0.0.1: API, etcd client, etcd peer,
+	// webhook.
+	ports []int
 }
 
 type syncBuffer struct {
@@ -89,7 +92,7 @@ func tryStartUp(t *testing.T, stateDir string, args ...string) (*upProcess, bool
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting marina up: %v", err)
 	}
-	u := &upProcess{cmd: cmd, out: out, stateDir: stateDir, done: make(chan struct{})}
+	u := &upProcess{cmd: cmd, out: out, stateDir: stateDir, done: make(chan struct{}), ports: []int{base, base + 1, base + 2, base + 3}}
 	go func() { _ = cmd.Wait(); close(u.done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGKILL)
@@ -211,6 +214,7 @@ func (u *upProcess) stopAndCheckNoLeftovers(t *testing.T, sig syscall.Signal) {
 // user can work with, keeps its objects across restarts, and leaves nothing
 // running when it is stopped, gracefully or not.
 func TestUpServesKeepsObjectsAndLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	u := startUp(t, stateDir)
 

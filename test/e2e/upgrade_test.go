@@ -40,6 +40,7 @@ const (
 // manager, every controller manager before any scheduler, as the machines'
 // status reports; no request fails.
 func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
+	t.Parallel()
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
 	u.applyExample(t, "upgrade")
