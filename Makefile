@@ -68,7 +68,7 @@ node-deps: ## Install what real worker nodes need beside make setup's containerd
 # side, up to E2E_PARALLEL at once: most of their time is spent waiting on
 # real timeouts with the cores idle. tools/testreport prints each package's
 # line, the output of failing tests, and the slowest packages and tests.
-E2E_PARALLEL ?= 4
+E2E_PARALLEL ?= 3
 test: setup images test-deps lint ## Build what the tests need, then run every test
 	set -o pipefail; go test -count=1 -json -parallel $(E2E_PARALLEL) -timeout 45m ./test/e2e/ ./test/crashpoint/ ./... | go run ./tools/testreport
 

@@ -173,7 +173,10 @@ func startEnv(withCRDs, withWebhook bool) (*Env, error) {
 		}
 	}
 	s := scheme.New()
-	e := &envtest.Environment{BinaryAssetsDirectory: assets, Scheme: s}
+	// envtest gives each process 20 s to start; with the e2e planes
+	// beside it on 2 cores, a kube-apiserver took longer (make test saw
+	// "timeout waiting for process kube-apiserver to start" 5 times).
+	e := &envtest.Environment{BinaryAssetsDirectory: assets, Scheme: s, ControlPlaneStartTimeout: 2 * time.Minute}
 	if withCRDs {
 		e.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
 		e.ErrorIfCRDPathMissing = true

@@ -94,18 +94,30 @@ func TestUpDeletesMachinesWhoseDrainOrClusterNeverAnswers(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Name: "twice", Namespace: "default", Labels: labels},
 			Spec:       corev1.PodSpec{NodeName: w.Status.NodeRef.Name, Containers: []corev1.Container{{Name: "c", Image: "example.invalid/app:1"}}},
 		}
-		if _, err := workload.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
+		// Created again after a transient error (the endpoint reset a
+		// connection once while the planes of other tests loaded the cores).
+		createOnce := func(what string, create func() error) {
+			testenv.Eventually(t, time.Minute, what+" created", func() error {
+				if err := create(); err != nil && !apierrors.IsAlreadyExists(err) {
+					return err
+				}
+				return nil
+			})
 		}
+		createOnce("pod twice", func() error {
+			_, err := workload.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
+			return err
+		})
 		one := intstr.FromInt32(1)
 		for _, name := range []string{"a", "b"} {
 			pdb := &policyv1.PodDisruptionBudget{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 				Spec:       policyv1.PodDisruptionBudgetSpec{MaxUnavailable: &one, Selector: &metav1.LabelSelector{MatchLabels: labels}},
 			}
-			if _, err := workload.PolicyV1().PodDisruptionBudgets("default").Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			createOnce("PodDisruptionBudget "+name, func() error {
+				_, err := workload.PolicyV1().PodDisruptionBudgets("default").Create(ctx, pdb, metav1.CreateOptions{})
+				return err
+			})
 		}
 		testenv.Eventually(t, time.Minute, "the pod Running", func() error {
 			p, err := workload.CoreV1().Pods("default").Get(ctx, "twice", metav1.GetOptions{})
