@@ -280,6 +280,19 @@ func workloadConfig(t *testing.T, ctx context.Context, c client.Client, key type
 	return cfg
 }
 
+// clusterReady says why cluster key is not Ready with want machines
+// Running, or nil.
+func clusterReady(ctx context.Context, c client.Client, key types.NamespacedName, want int) error {
+	cluster := &clusterv1.Cluster{}
+	if err := c.Get(ctx, key, cluster); err != nil {
+		return err
+	}
+	if !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ReadyCondition) {
+		return fmt.Errorf("not Ready: %v", cluster.Status.Conditions)
+	}
+	return machinesRunning(ctx, c, want)
+}
+
 func machinesRunning(ctx context.Context, c client.Client, want int) error {
 	var list clusterv1.MachineList
 	if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -180,16 +179,7 @@ func TestTheImageRunsTheControllerThatMakesACluster(t *testing.T) {
 		t.Fatalf("kubectl apply -f examples/minimal: %v\n%s", err, out)
 	}
 	key := types.NamespacedName{Namespace: "default", Name: "minimal"}
-	testenv.Eventually(t, 3*time.Minute, "cluster minimal Ready with its 3 machines Running", func() error {
-		cluster := &clusterv1.Cluster{}
-		if err := env.Client.Get(ctx, key, cluster); err != nil {
-			return err
-		}
-		if !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ReadyCondition) {
-			return fmt.Errorf("not Ready: %v", cluster.Status.Conditions)
-		}
-		return machinesRunning(ctx, env.Client, 3)
-	})
+	testenv.Eventually(t, 3*time.Minute, "cluster minimal Ready with its 3 machines Running", func() error { return clusterReady(ctx, env.Client, key, 3) })
 	checkNodes(t, ctx, workloadClient(t, ctx, env.Client, key))
 
 	if out, err := exec.Command(kubectl, "--kubeconfig", admin, "delete", "cluster", "minimal", "--timeout", "2m").CombinedOutput(); err != nil {

@@ -67,16 +67,7 @@ func testMove(t *testing.T, stopAfter int) {
 	src.applyExample(t, "minimal")
 	src.applyExample(t, "workers")
 	key := types.NamespacedName{Namespace: "default", Name: "minimal"}
-	testenv.Eventually(t, 6*time.Minute, "cluster minimal Ready with its 6 machines Running", func() error {
-		cluster := &clusterv1.Cluster{}
-		if err := sc.Get(ctx, key, cluster); err != nil {
-			return err
-		}
-		if !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ReadyCondition) {
-			return fmt.Errorf("not Ready: %v", cluster.Status.Conditions)
-		}
-		return machinesRunning(ctx, sc, 6)
-	})
+	testenv.Eventually(t, 6*time.Minute, "cluster minimal Ready with its 6 machines Running", func() error { return clusterReady(ctx, sc, key, 6) })
 
 	tgtDir := t.TempDir()
 	tgt := startUp(t, tgtDir, "--machines-dir", root, "--orphan-grace", orphanGrace.String())

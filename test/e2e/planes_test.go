@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -40,16 +39,7 @@ func TestThreePlanesAtOnceShareNoAddressOrPort(t *testing.T) {
 	ctx := context.Background()
 	key := types.NamespacedName{Namespace: "default", Name: "minimal"}
 	for i, p := range planes {
-		testenv.Eventually(t, 4*time.Minute, fmt.Sprintf("plane %d: cluster minimal Ready with its 3 machines Running", i), func() error {
-			cluster := &clusterv1.Cluster{}
-			if err := p.c.Get(ctx, key, cluster); err != nil {
-				return err
-			}
-			if !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ReadyCondition) {
-				return fmt.Errorf("not Ready: %v", cluster.Status.Conditions)
-			}
-			return machinesRunning(ctx, p.c, 3)
-		})
+		testenv.Eventually(t, 4*time.Minute, fmt.Sprintf("plane %d: cluster minimal Ready with its 3 machines Running", i), func() error { return clusterReady(ctx, p.c, key, 3) })
 	}
 
 	holder := map[string]string{}
