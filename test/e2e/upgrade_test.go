@@ -156,7 +156,8 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	for _, ch := range changes {
 		t.Logf("  %s  %-24s %s", ch.at.Sub(start).Round(100*time.Millisecond), ch.component, ch.machine)
 	}
-	checkProbe(t, res)
+	lbLogs, _ := filepath.Glob(filepath.Join(root, ".endpoints", "*", "lb.log"))
+	checkProbe(t, res, lbLogs...)
 	checkOrder(t, changes, 3)
 
 	cluster := &clusterv1.Cluster{}
@@ -213,17 +214,39 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 }
 
 // checkProbe: no request through the endpoint failed, and the prober
-// kept its pace (a stalled prober would fail nothing).
-func checkProbe(t *testing.T, res prober.Result) {
+// kept its pace (a stalled prober would fail nothing). On a failure it
+// shows what the balancers whose logs are at lbLogs did with their
+// backends, to be set beside the failures' times.
+func checkProbe(t *testing.T, res prober.Result, lbLogs ...string) {
 	t.Helper()
 	for _, e := range res.Errors {
 		t.Logf("  failed: %s", e)
 	}
 	if res.Failures != 0 {
 		t.Errorf("%d of %d requests through the endpoint failed during the InPlace upgrade, want 0", res.Failures, res.Requests)
+		for _, path := range lbLogs {
+			logBackendEvents(t, path)
+		}
 	}
 	if res.Rate() < 20 {
 		t.Errorf("the prober sent %.1f requests a second, want at least 20", res.Rate())
+	}
+}
+
+// logBackendEvents logs the lines of a balancer's log where a backend
+// went in or out of service, or had its connections closed.
+func logBackendEvents(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("the balancer's log: %v", err)
+		return
+	}
+	t.Logf("what the balancer did (%s):", path)
+	for line := range strings.Lines(string(data)) {
+		if strings.Contains(line, "Backend") || strings.Contains(line, "Closing") {
+			t.Logf("  %s", strings.TrimSpace(line))
+		}
 	}
 }
 
