@@ -87,6 +87,13 @@ type Config struct {
 	// Drain is how long the connections to a backend that turned
 	// unhealthy, or was removed, are kept before the balancer closes them.
 	Drain time.Duration
+	// SlowDrain replaces Drain, when longer, for a backend taken out
+	// because its checks got no answer in time: it is slow (overloaded, as
+	// every API server of a busy host is at once) or frozen, not known to
+	// be sick, and the requests it is still answering should finish. A
+	// frozen one's clients move after it, as client-go's would on their
+	// own. DefaultDrain when zero.
+	SlowDrain time.Duration
 	// Log receives the balancer's logs: backends going in and out, at
 	// level 0; refused connections and failed checks, at level 1.
 	Log klog.Logger
@@ -127,10 +134,13 @@ type BackendStatus struct {
 // Closing after Drain covers the one that is alive but sick (it lost
 // etcd, say), whose clients would otherwise stay on it for as long as
 // their connection lives; they reconnect, and land on a healthy one.
+// A backend whose checks timed out keeps them for Config.SlowDrain: it may
+// be merely slow, and its requests in flight should finish.
 type Balancer struct {
 	log         klog.Logger
 	dialTimeout time.Duration
 	drain       time.Duration
+	slowDrain   time.Duration
 	served      atomic.Bool
 
 	mu       sync.Mutex
@@ -153,10 +163,12 @@ type backend struct {
 	// for it to close (an API server restarted for an upgrade shuts down
 	// gracefully: it tells its HTTP/2 clients to go, and finishes what they
 	// asked), whatever its health.
-	draining   bool
-	fails      int // consecutive, while healthy
-	rises      int // consecutive, while unhealthy
-	lastErr    string
+	draining bool
+	fails    int // consecutive, while healthy
+	rises    int // consecutive, while unhealthy
+	lastErr  string
+	// slow: the checks that took it out got no answer in time.
+	slow       bool
 	active     int // connections proxied to it, and dials in progress
 	stop       context.CancelFunc
 	drainTimer *time.Timer
@@ -176,6 +188,7 @@ func New(cfg Config) (*Balancer, error) {
 		log:         cfg.Log,
 		dialTimeout: cfg.DialTimeout,
 		drain:       cfg.Drain,
+		slowDrain:   cfg.SlowDrain,
 		conns:       map[*pair]struct{}{},
 	}
 	if b.dialTimeout <= 0 {
@@ -183,6 +196,9 @@ func New(cfg Config) (*Balancer, error) {
 	}
 	if b.drain <= 0 {
 		b.drain = DefaultDrain
+	}
+	if b.slowDrain <= 0 {
+		b.slowDrain = DefaultDrain
 	}
 	b.setHealthCheckLocked(cfg.HealthCheck)
 	for _, a := range addrs {
@@ -466,14 +482,23 @@ func (b *Balancer) SetDraining(addrs []string) {
 	}
 }
 
-// drainLocked closes be's connections after the drain period, unless it is
+// drainPeriod is how long be's connections are kept once it is out of
+// service.
+func (b *Balancer) drainPeriod(be *backend) time.Duration {
+	if be.slow && !be.removed {
+		return max(b.drain, b.slowDrain)
+	}
+	return b.drain
+}
+
+// drainLocked closes be's connections after its drain period, unless it is
 // back in service by then. A draining backend closes its own.
 func (b *Balancer) drainLocked(be *backend) {
 	be.stopDrain()
 	if be.draining {
 		return
 	}
-	be.drainTimer = time.AfterFunc(b.drain, func() {
+	be.drainTimer = time.AfterFunc(b.drainPeriod(be), func() {
 		b.mu.Lock()
 		if b.closed || be.eligible() {
 			b.mu.Unlock()

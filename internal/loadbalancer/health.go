@@ -3,8 +3,10 @@ package loadbalancer
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"time"
 )
@@ -100,7 +102,15 @@ func (b *Balancer) record(be *backend, hc HealthCheck, err error) {
 		return
 	}
 	be.healthy, be.fails = false, 0
+	be.slow = isTimeout(err)
 	b.log.Info("Backend is unhealthy, taking it out", "backend", be.addr, "failures", hc.FailThreshold,
-		"err", be.lastErr, "connections", be.active, "closingThemIn", b.drain)
+		"err", be.lastErr, "connections", be.active, "closingThemIn", b.drainPeriod(be))
 	b.drainLocked(be)
+}
+
+// isTimeout reports whether a check failed for want of an answer in time,
+// rather than on one (a refusal, a reset, a status other than 200).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
