@@ -88,11 +88,12 @@ type Config struct {
 	// unhealthy, or was removed, are kept before the balancer closes them.
 	Drain time.Duration
 	// SlowDrain replaces Drain, when longer, for a backend taken out
-	// because its checks got no answer in time: it is slow (overloaded, as
-	// every API server of a busy host is at once) or frozen, not known to
-	// be sick, and the requests it is still answering should finish. A
-	// frozen one's clients move after it, as client-go's would on their
-	// own. DefaultDrain when zero.
+	// because its checks got no answer: they timed out (it is slow, as
+	// every API server of a busy host is at once, or frozen) or were
+	// refused (it is going away, and closes its own connections once its
+	// requests are done). It is not known to be sick, and the requests it
+	// is still answering should finish. A frozen one's clients move after
+	// SlowDrain, as client-go's would on their own. DefaultDrain when zero.
 	SlowDrain time.Duration
 	// Log receives the balancer's logs: backends going in and out, at
 	// level 0; refused connections and failed checks, at level 1.
@@ -134,8 +135,9 @@ type BackendStatus struct {
 // Closing after Drain covers the one that is alive but sick (it lost
 // etcd, say), whose clients would otherwise stay on it for as long as
 // their connection lives; they reconnect, and land on a healthy one.
-// A backend whose checks timed out keeps them for Config.SlowDrain: it may
-// be merely slow, and its requests in flight should finish.
+// A backend whose checks got no answer (timed out, or refused) keeps them
+// for Config.SlowDrain: it may be merely slow, or finishing its requests
+// on its way out.
 type Balancer struct {
 	log         klog.Logger
 	dialTimeout time.Duration
@@ -167,8 +169,8 @@ type backend struct {
 	fails    int // consecutive, while healthy
 	rises    int // consecutive, while unhealthy
 	lastErr  string
-	// slow: the checks that took it out got no answer in time.
-	slow       bool
+	// quiet: the checks that took it out got no answer (see unanswered).
+	quiet      bool
 	active     int // connections proxied to it, and dials in progress
 	stop       context.CancelFunc
 	drainTimer *time.Timer
@@ -485,7 +487,7 @@ func (b *Balancer) SetDraining(addrs []string) {
 // drainPeriod is how long be's connections are kept once it is out of
 // service.
 func (b *Balancer) drainPeriod(be *backend) time.Duration {
-	if be.slow && !be.removed {
+	if be.quiet && !be.removed {
 		return max(b.drain, b.slowDrain)
 	}
 	return b.drain

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 )
 
@@ -102,15 +103,18 @@ func (b *Balancer) record(be *backend, hc HealthCheck, err error) {
 		return
 	}
 	be.healthy, be.fails = false, 0
-	be.slow = isTimeout(err)
+	be.quiet = unanswered(err)
 	b.log.Info("Backend is unhealthy, taking it out", "backend", be.addr, "failures", hc.FailThreshold,
 		"err", be.lastErr, "connections", be.active, "closingThemIn", b.drainPeriod(be))
 	b.drainLocked(be)
 }
 
-// isTimeout reports whether a check failed for want of an answer in time,
-// rather than on one (a refusal, a reset, a status other than 200).
-func isTimeout(err error) bool {
+// unanswered reports whether a check failed for want of an answer: it
+// timed out, or nothing listens. Such a backend is slow, frozen, or going
+// away (an API server shutting down closes its listener first, then
+// finishes its requests and closes its connections itself), not known to
+// be sick: only one that answers "not ready" is.
+func unanswered(err error) bool {
 	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne) && ne.Timeout()
 }
