@@ -88,7 +88,7 @@ func TestUpDeletesMachinesWhoseDrainOrClusterNeverAnswers(t *testing.T) {
 
 	t.Run("a drain whose eviction fails every pass ends at nodeDrainTimeout", func(t *testing.T) {
 		w := machine("minimal-worker-0")
-		setTimeout(w.Name, "nodeDrainTimeout", "20s")
+		setTimeout(w.Name, "nodeDrainTimeout", "10s")
 		labels := map[string]string{"app": "twice"}
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "twice", Namespace: "default", Labels: labels},
@@ -142,7 +142,7 @@ func TestUpDeletesMachinesWhoseDrainOrClusterNeverAnswers(t *testing.T) {
 
 	t.Run("a machine of a stopped cluster goes after nodeDeletionTimeout", func(t *testing.T) {
 		w := machine("minimal-worker-1")
-		setTimeout(w.Name, "nodeDeletionTimeout", "30s")
+		setTimeout(w.Name, "nodeDeletionTimeout", "15s")
 		for _, cp := range controlPlaneMachines(t, ctx, c, key) {
 			// Stopped on purpose: marina would start a killed machine
 			// again, and the cluster must stay down for this test.
@@ -167,7 +167,7 @@ func TestUpDeletesMachinesWhoseDrainOrClusterNeverAnswers(t *testing.T) {
 		t.Logf("worker-1 gone %.1fs after its deletion", time.Since(deleted).Seconds())
 		// The controller counts from metadata.deletionTimestamp, which has
 		// whole seconds: up to one second earlier than deleted.
-		if took := time.Since(deleted); took < 30*time.Second-time.Second {
+		if took := time.Since(deleted); took < 15*time.Second-time.Second {
 			t.Errorf("worker-1 went %s after its deletion, before its nodeDeletionTimeout", took)
 		}
 		testenv.Eventually(t, 30*time.Second, "a NodeNotDeleted event", func() error {

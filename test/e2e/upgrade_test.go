@@ -85,7 +85,7 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	// with the new version) halts the upgrade after the first machine;
 	// the other two keep serving; rollback restores the first.
 	t.Run("a failing step halts, the cluster stays writable, rollback restores it", func(t *testing.T) {
-		bad := fmt.Sprintf(`{"spec":{"controlPlane":{"version":%q,"upgradeStrategy":{"stepTimeout":"40s"},"components":{"apiServer":{"extraArgs":{"no-such-flag":"1"}}}}}}`, upgradeTo)
+		bad := fmt.Sprintf(`{"spec":{"controlPlane":{"version":%q,"upgradeStrategy":{"stepTimeout":"20s"},"components":{"apiServer":{"extraArgs":{"no-such-flag":"1"}}}}}}`, upgradeTo)
 		if out, err := u.kubectl(t, "patch", "cluster", key.Name, "--type=merge", "-p", bad); err != nil {
 			t.Fatalf("kubectl patch: %v\n%s", err, out)
 		}
