@@ -180,6 +180,15 @@ type backend struct {
 // its old ones.
 func (be *backend) eligible() bool { return be.healthy && !be.removed && !be.draining }
 
+// lastResort reports whether be may take new connections when no backend
+// is eligible: it is out only because its checks got no answer. When every
+// API server of a busy host answers its checks late at once, they are
+// still serving; refusing every new connection then would fail clients
+// that the slow servers would have answered.
+func (be *backend) lastResort() bool {
+	return !be.healthy && be.quiet && !be.removed && !be.draining
+}
+
 // New checks cfg and returns a Balancer that does nothing until Serve.
 func New(cfg Config) (*Balancer, error) {
 	addrs, err := checkAddresses(cfg.Backends)
@@ -398,22 +407,27 @@ func (b *Balancer) addresses() []string {
 }
 
 // pick reserves a connection slot on the healthy backend with the fewest
-// connections, skipping those already tried, or returns nil when there is
-// none.
+// connections, skipping those already tried; with none, on a last-resort
+// one (see lastResort); or returns nil when there is none of either.
 func (b *Balancer) pick(tried []*backend) *backend {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := len(b.backends)
 	var best *backend
 	bestAt := 0
-	for i := range n {
-		at := (b.next + i) % n
-		be := b.backends[at]
-		if !be.eligible() || slices.Contains(tried, be) {
-			continue
+	for _, usable := range []func(*backend) bool{(*backend).eligible, (*backend).lastResort} {
+		for i := range n {
+			at := (b.next + i) % n
+			be := b.backends[at]
+			if !usable(be) || slices.Contains(tried, be) {
+				continue
+			}
+			if best == nil || be.active < best.active {
+				best, bestAt = be, at
+			}
 		}
-		if best == nil || be.active < best.active {
-			best, bestAt = be, at
+		if best != nil {
+			break
 		}
 	}
 	if best == nil {
@@ -446,7 +460,7 @@ func (b *Balancer) register(p *pair) error {
 	if b.closed {
 		return errClosed
 	}
-	if !p.backend.eligible() {
+	if !p.backend.eligible() && !p.backend.lastResort() {
 		return errOutOfService
 	}
 	b.conns[p] = struct{}{}

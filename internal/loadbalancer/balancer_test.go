@@ -176,6 +176,34 @@ func TestAQuietBackendKeepsItsConnectionsForTheSlowDrain(t *testing.T) {
 	}
 }
 
+// When every backend is out only because its checks time out (a busy
+// host's API servers, all at once), they are still serving: a new
+// connection goes to one of them rather than being refused. In CI all
+// three API servers of a cluster went out within 2 s of each other.
+func TestWhenEveryBackendIsSlowNewConnectionsStillGoToThem(t *testing.T) {
+	p := newTestPKI(t)
+	b0, b1 := newBackend(t, p, "b0", true), newBackend(t, p, "b1", true)
+	hc := fastCheck(p)
+	hc.Timeout = 100 * time.Millisecond
+	lb, addr, _ := startBalancer(t, Config{Backends: []string{b0.addr, b1.addr}, HealthCheck: hc, Drain: 100 * time.Millisecond})
+	waitHealthy(t, lb, true, b0, b1)
+
+	b0.hung.Store(true)
+	b1.hung.Store(true)
+	waitHealthy(t, lb, false, b0, b1)
+	seen := map[string]bool{}
+	for range 4 {
+		name, err := dialPersistent(t, p, addr).whoami()
+		if err != nil {
+			t.Fatalf("a new connection with every backend slow: %v", err)
+		}
+		seen[name] = true
+	}
+	if !seen["b0"] || !seen["b1"] {
+		t.Errorf("the new connections went to %v, want both slow backends, by their connections", seen)
+	}
+}
+
 func TestSetBackends(t *testing.T) {
 	p := newTestPKI(t)
 	b0, b1, b2 := newBackend(t, p, "b0", true), newBackend(t, p, "b1", true), newBackend(t, p, "b2", true)
