@@ -150,7 +150,10 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 	if out, err := u.kubectl(t, "patch", "cluster", key.Name, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"controlPlane":{"version":%q}}}`, upgradeTo)); err != nil {
 		t.Fatalf("kubectl patch: %v\n%s", err, out)
 	}
-	waitUpgraded(t, ctx, c, key, 10*time.Minute)
+	// 2m18s alone; with two more planes and the crash-point package on the
+	// 2 cores each step took four times as long, and 10 minutes ran out
+	// with the kubelets' steps under way.
+	waitUpgraded(t, ctx, c, key, 15*time.Minute)
 	controlPlaneTook := time.Since(start)
 	for _, w := range []string{"mixed-ssh-worker", "mixed-local-worker"} {
 		if out, err := u.kubectl(t, "patch", "machine", w, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"versions":{"kubelet":%q}}}`, upgradeTo)); err != nil {
