@@ -54,6 +54,8 @@ type Env struct {
 	stopWebhook func()
 	// stopControllers stops a workload's kube-controller-manager.
 	stopControllers func()
+	// ca is a workload's client CA, whose directory holds its key.
+	ca *clientCA
 }
 
 // RepoRoot walks up from the working directory (a package directory under
@@ -192,22 +194,22 @@ func startEnv(withCRDs, withWebhook bool) (*Env, error) {
 			return nil, err
 		}
 	}
+	env := &Env{Scheme: s, RepoRoot: root, env: e, ca: ca}
 	cfg, err := e.Start()
 	if err != nil {
 		// Start can fail after the processes run (a CRD the server refuses):
 		// stop them, and remove their directories, all the same.
-		_ = e.Stop()
+		_ = env.Stop()
 		return nil, fmt.Errorf("starting the test API server from %s: %w", assets, err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: s})
-	if err != nil {
-		_ = e.Stop()
+	env.Config, env.Kubeconfig = cfg, e.KubeConfig
+	if env.Client, err = client.New(cfg, client.Options{Scheme: s}); err != nil {
+		_ = env.Stop()
 		return nil, fmt.Errorf("building a client for the test API server: %w", err)
 	}
-	env := &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, Kubeconfig: e.KubeConfig, env: e}
 	if ca != nil {
 		if env.stopControllers, err = startCertificateControllers(e.KubeConfig, ca); err != nil {
-			_ = e.Stop()
+			_ = env.Stop()
 			return nil, err
 		}
 	}
@@ -215,13 +217,19 @@ func startEnv(withCRDs, withWebhook bool) (*Env, error) {
 }
 
 // Stop stops the webhook (if any), the API server and etcd, and removes
-// their directories.
+// their directories and the workload's CA. The CA's directory goes even
+// when stopping fails: envtest removes it only after the API server has
+// stopped cleanly, and a suite on a loaded machine left its key in /tmp.
 func (e *Env) Stop() error {
 	e.StopWebhook()
 	if e.stopControllers != nil {
 		e.stopControllers()
 	}
-	return e.env.Stop()
+	err := e.env.Stop()
+	if e.ca != nil {
+		err = errors.Join(err, e.ca.Stop())
+	}
+	return err
 }
 
 // Main is the body of a package's TestMain: it starts one Env, stores it in
