@@ -80,7 +80,7 @@ func (b *Balancer) record(be *backend, hc HealthCheck, err error) {
 		if be.everHealthy && be.rises < hc.RiseThreshold {
 			return
 		}
-		be.healthy, be.everHealthy, be.rises = true, true, 0
+		be.healthy, be.everHealthy, be.rises, be.quiet = true, true, 0, false
 		be.stopDrain()
 		b.log.Info("Backend is healthy", "backend", be.addr)
 		return

@@ -284,9 +284,7 @@ func userBalancer(t *testing.T, ctx context.Context, c client.Client, key types.
 		_ = lb.Process.Signal(syscall.SIGTERM)
 		_ = lb.Wait()
 		if t.Failed() {
-			if log, err := os.ReadFile(filepath.Join(dir, loadbalancer.LogFile)); err == nil {
-				t.Logf("the balancer's log:\n%s", log)
-			}
+			logBackendEvents(t, filepath.Join(dir, loadbalancer.LogFile))
 		}
 	})
 }
