@@ -363,7 +363,7 @@ func (h *harness) run(sc scenario, p point) (writes int, crashed bool) {
 		time.Sleep(time.Second)
 	}
 	if last != nil {
-		h.t.Fatalf("VIOLATION: %s (%s, stopped %t): not done %s after the takeover: %v", sc.name, p, crashed, converge, last)
+		h.t.Fatalf("VIOLATION: %s (%s, stopped %t): not done %s after the takeover: %v\n%s", sc.name, p, crashed, converge, last, h.describe())
 	}
 	if err := h.invariants(); err != nil {
 		h.t.Fatalf("VIOLATION: %s (%s, stopped %t): %v", sc.name, p, crashed, err)
@@ -470,6 +470,35 @@ func (h *harness) gone(m *clusterv1.Machine) error {
 		return fmt.Errorf("machine %s is still there", m.Name)
 	}
 	return client.IgnoreNotFound(err)
+}
+
+// describe is what a post-mortem needs first when a scenario does not
+// converge: the conditions that are not True on the Cluster, its
+// machines and its health checks (their messages say what the
+// controllers wait for).
+func (h *harness) describe() string {
+	var b strings.Builder
+	cl := &clusterv1.Cluster{}
+	if err := h.c.Get(h.ctx, h.cluster, cl); err != nil {
+		fmt.Fprintf(&b, "cluster: %v\n", err)
+	} else {
+		fmt.Fprintf(&b, "cluster %s: %s\n", cl.Name, conditions(cl.Status.Conditions))
+	}
+	var machines clusterv1.MachineList
+	if err := h.c.List(h.ctx, &machines, client.InNamespace(h.ns)); err != nil {
+		fmt.Fprintf(&b, "machines: %v\n", err)
+	}
+	for _, m := range machines.Items {
+		fmt.Fprintf(&b, "machine %s: phase %s, deleting %t, annotations %v: %s\n", m.Name, m.Status.Phase, !m.DeletionTimestamp.IsZero(), m.Annotations, conditions(m.Status.Conditions))
+	}
+	var checks clusterv1.MachineHealthCheckList
+	if err := h.c.List(h.ctx, &checks, client.InNamespace(h.ns)); err != nil {
+		fmt.Fprintf(&b, "health checks: %v\n", err)
+	}
+	for _, c := range checks.Items {
+		fmt.Fprintf(&b, "health check %s: %+v: %s\n", c.Name, c.Status, conditions(c.Status.Conditions))
+	}
+	return b.String()
 }
 
 // controlPlane: the cluster is Ready with n control-plane machines, all
