@@ -17,6 +17,10 @@ const (
 	// MachineClusterUnreachableReason: the workload cluster's API server does
 	// not answer; the controller retries with exponential backoff.
 	MachineClusterUnreachableReason = "ClusterUnreachable"
+	// MachineKubeconfigRefusedReason: the cluster's kubeconfig Secret asks
+	// marina to read a file of its host or run a program; the message
+	// names the fields.
+	MachineKubeconfigRefusedReason = "KubeconfigRefused"
 	// MachineDrainSkippedReason: draining was skipped on request.
 	MachineDrainSkippedReason = "DrainSkipped"
 	// MachineNodeNotDeletedReason: the machine is deleted without draining

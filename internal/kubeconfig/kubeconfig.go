@@ -1,7 +1,8 @@
-// Package kubeconfig writes the kubeconfigs marina hands out: one cluster,
+// Package kubeconfig writes the kubeconfigs marina hands out (one cluster,
 // one user authenticated by a client certificate, everything embedded so the
-// file works on its own. The result holds a private key: store it in a
-// Secret or a 0600 file, never log it.
+// file works on its own) and reads the ones users give it, accepting only
+// inline credentials. A kubeconfig holds a private key or a token: store it
+// in a Secret or a 0600 file, never log it.
 package kubeconfig
 
 import (

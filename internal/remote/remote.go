@@ -21,12 +21,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/kubeconfig"
 )
 
 // KubeconfigSecretKey is the key of the kubeconfig in a cluster's Secret.
@@ -57,6 +57,12 @@ var ErrKubeconfigMissing = errors.New("the cluster's kubeconfig Secret does not 
 // lacks the label clusterv1.ClusterNameLabel, without which marina's cache
 // does not hold it. Errors that wrap it wrap ErrKubeconfigMissing too.
 var ErrKubeconfigUnlabelled = errors.New("the cluster's kubeconfig Secret lacks marina's label")
+
+// ErrKubeconfigRefused says the cluster's kubeconfig Secret holds a field
+// that would read a file of the management host or run a program there
+// (an exec plugin, an auth-provider, a tokenFile, a key file path); the
+// error names each. Fixing the Secret is an event of the cached Secrets.
+var ErrKubeconfigRefused = kubeconfig.ErrNotInline
 
 // Cluster is access to one workload cluster.
 type Cluster struct {
@@ -333,9 +339,12 @@ func (c *Cache) build(ctx context.Context, cluster types.NamespacedName, secret 
 	if !ok {
 		return nil, fmt.Errorf("kubeconfig Secret %s/%s has no key %q", secret.Namespace, secret.Name, KubeconfigSecretKey)
 	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(data)
+	// Users write this Secret for a cluster run elsewhere: what in it
+	// would read a file of this host or run a program is refused
+	// (docs/security.md).
+	cfg, err := kubeconfig.InlineRESTConfig(data)
 	if err != nil {
-		return nil, fmt.Errorf("parsing kubeconfig Secret %s/%s: %w", secret.Namespace, secret.Name, err)
+		return nil, fmt.Errorf("kubeconfig Secret %s/%s: %w", secret.Namespace, secret.Name, err)
 	}
 	cfg.Timeout = 30 * time.Second
 	cfg.QPS, cfg.Burst = 50, 100

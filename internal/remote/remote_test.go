@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -279,5 +281,56 @@ func TestACredentialThatMayNotAnswerCertificateRequestsStillWatchesNodes(t *test
 	_, err = cl.KubeletCSRsOf(ctx, "system:bootstrap:abcdef")
 	if !errors.Is(err, ErrMayNotAnswerCSRs) || !strings.Contains(err.Error(), "list certificatesigningrequests") || !strings.Contains(err.Error(), "approve signers") {
 		t.Errorf("KubeletCSRsOf = %v, want ErrMayNotAnswerCSRs naming the rights missing", err)
+	}
+}
+
+// A kubeconfig Secret is written by users (for a cluster run elsewhere):
+// one whose exec plugin would run a shell, or whose tokenFile would send
+// a file of the management host to the server it names, is refused with
+// the field named, and the plugin never runs (docs/security.md).
+func TestAKubeconfigSecretThatRunsAProgramOrReadsAFileIsRefused(t *testing.T) {
+	ctx := t.Context()
+	mgmt, workload, _, _ := startClusters(t)
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte("the controller's own token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := NewCache(mgmt.Client, scheme.New(), Options{SyncTimeout: 5 * time.Second, OnNodeEvent: func(NodeEvent) {}, OnCSREvent: func(CSREvent) {}})
+	defer c.Stop()
+
+	for name, tc := range map[string]struct {
+		user  *clientcmdapi.AuthInfo
+		field string
+	}{
+		"exec": {&clientcmdapi.AuthInfo{Exec: &clientcmdapi.ExecConfig{
+			APIVersion: "client.authentication.k8s.io/v1", InteractiveMode: clientcmdapi.NeverExecInteractiveMode,
+			Command: "/bin/sh", Args: []string{"-c", `touch "$0"; echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"x"}}'`, marker},
+		}}, "users[u].user.exec"},
+		"tokenfile": {&clientcmdapi.AuthInfo{TokenFile: tokenFile}, "users[u].user.tokenFile"},
+	} {
+		kubeconfig, err := clientcmd.Write(clientcmdapi.Config{
+			Clusters:       map[string]*clientcmdapi.Cluster{"c": {Server: workload.Config.Host, CertificateAuthorityData: workload.Config.CAData}},
+			AuthInfos:      map[string]*clientcmdapi.AuthInfo{"u": tc.user},
+			Contexts:       map[string]*clientcmdapi.Context{"c": {Cluster: "c", AuthInfo: "u"}},
+			CurrentContext: "c",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: KubeconfigSecretName(name), Namespace: "default"},
+			Data:       map[string][]byte{KubeconfigSecretKey: kubeconfig},
+		}
+		if err := mgmt.Client.Create(ctx, secret); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: name}); !errors.Is(err, ErrKubeconfigRefused) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: Get = %v, want ErrKubeconfigRefused naming %s", name, err, tc.field)
+		}
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Errorf("the exec plugin ran (%s: %v)", marker, err)
 	}
 }

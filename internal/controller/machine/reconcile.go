@@ -392,6 +392,11 @@ func (r *Reconciler) cluster(ctx context.Context, m *clusterv1.Machine, t string
 			fmt.Sprintf("waiting for cluster %s: %v", m.Spec.ClusterName, err))
 		setReady(m)
 		return nil, ctrl.Result{}, nil // labelling the Secret brings the machine back
+	case errors.Is(err, remote.ErrKubeconfigRefused):
+		setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineKubeconfigRefusedReason,
+			fmt.Sprintf("marina does not use cluster %s's kubeconfig: %v", m.Spec.ClusterName, err))
+		setReady(m)
+		return nil, ctrl.Result{}, nil // fixing the Secret brings the machine back
 	case errors.Is(err, remote.ErrKubeconfigMissing):
 		setCondition(m, t, metav1.ConditionFalse, clusterv1.MachineWaitingForControlPlaneReason,
 			fmt.Sprintf("waiting for cluster %s: its kubeconfig Secret %s does not exist yet", m.Spec.ClusterName, remote.KubeconfigSecretName(m.Spec.ClusterName)))

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/remote"
@@ -48,6 +50,53 @@ func TestUnlabelledKubeconfigIsReportedUntilLabelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	secret.Labels = map[string]string{clusterv1.ClusterNameLabel: f.cluster}
+	if err := mgmt.Client.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
+}
+
+// Issue 36, finding 2: a kubeconfig Secret whose user runs a program is
+// not used; the machine names the field, and runs once the Secret holds
+// only inline credentials again.
+func TestKubeconfigThatRunsAProgramIsRefusedOnTheMachine(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	secret := &corev1.Secret{}
+	key := types.NamespacedName{Namespace: f.ns, Name: remote.KubeconfigSecretName(f.cluster)}
+	if err := mgmt.Client.Get(ctx, key, secret); err != nil {
+		t.Fatal(err)
+	}
+	inline := secret.Data[remote.KubeconfigSecretKey]
+	cfg, err := clientcmd.Load(inline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range cfg.AuthInfos {
+		u.Exec = &clientcmdapi.ExecConfig{APIVersion: "client.authentication.k8s.io/v1", Command: "/bin/true"}
+	}
+	if secret.Data[remote.KubeconfigSecretKey], err = clientcmd.Write(*cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := mgmt.Client.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	f.startController(Options{})
+	m := f.create(f.machine("refused", ""))
+	eventually(t, 30*time.Second, "the machine to refuse the kubeconfig", func() (bool, error) {
+		got, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineProvisionedCondition)
+		return c != nil && c.Reason == clusterv1.MachineKubeconfigRefusedReason && strings.Contains(c.Message, ".user.exec (runs a program)"),
+			fmt.Errorf("conditions %v", got.Status.Conditions)
+	})
+
+	if err := mgmt.Client.Get(ctx, key, secret); err != nil {
+		t.Fatal(err)
+	}
+	secret.Data[remote.KubeconfigSecretKey] = inline
 	if err := mgmt.Client.Update(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
