@@ -100,6 +100,12 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.matches('^v(0|[1-9][0-9]*)[.](0|[1-9][0-9]*)[.](0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$')",message="must be a Kubernetes release version like v1.37.2: a leading v, then major.minor.patch"
 type KubernetesVersion string
 
+// VersionPattern is a KubernetesVersion's format (the schema rule above) and
+// that of a component's version in a Machine's spec.versions.components,
+// which the admission webhook checks: versions name binaries on a host and
+// reach shell commands there, so nothing but these characters may pass.
+const VersionPattern = `^v(0|[1-9][0-9]*)[.](0|[1-9][0-9]*)[.](0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`
+
 // CIDR is an IPv4 or IPv6 network in CIDR notation, like 10.244.0.0/16 or
 // fd00:10:244::/56, written with its host bits zero.
 //

@@ -2,6 +2,7 @@ package validation
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,6 +37,28 @@ func MachineSpec(spec *clusterv1.MachineSpec, fldPath *field.Path) field.ErrorLi
 		errs = append(errs, dnsSubdomain(spec.KubeletConfigRef.Name, fldPath.Child("kubeletConfigRef", "name"))...)
 	}
 	errs = append(errs, providerSpec(spec.ProviderSpec, fldPath.Child("providerSpec"))...)
+	errs = append(errs, componentVersions(spec.Versions.Components, fldPath.Child("versions", "components"))...)
+	return errs
+}
+
+var versionFormat = regexp.MustCompile(clusterv1.VersionPattern)
+
+// componentVersions checks the format of each component's version: a
+// version names the component's binary (kube-apiserver-v1.37.2) in a
+// path on the management host and in a shell command on an SSH host.
+func componentVersions(c *clusterv1.ComponentVersions, fldPath *field.Path) field.ErrorList {
+	if c == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	for _, v := range []struct{ name, value string }{
+		{"apiServer", c.APIServer}, {"controllerManager", c.ControllerManager}, {"scheduler", c.Scheduler}, {"etcd", c.Etcd},
+	} {
+		if v.value != "" && (len(v.value) > 64 || !versionFormat.MatchString(v.value)) {
+			errs = append(errs, field.Invalid(fldPath.Child(v.name), v.value,
+				"must be a release version like v1.37.2 (etcd: v3.6.16): a leading v, then major.minor.patch, at most 64 characters; or empty to follow versions.controlPlane"))
+		}
+	}
 	return errs
 }
 

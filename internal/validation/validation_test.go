@@ -96,6 +96,21 @@ func TestMachine(t *testing.T) {
 		{name: "providerSpec over the bound", change: func(s *clusterv1.MachineSpec) {
 			s.ProviderSpec = raw(padded(ProviderSpecMaxBytes + 1))
 		}, want: want{field.ErrorTypeTooLong, "spec.providerSpec", "may hold at most 65536 bytes of JSON"}},
+		{name: "component versions", change: func(s *clusterv1.MachineSpec) {
+			s.Versions.Components = &clusterv1.ComponentVersions{APIServer: "v1.37.2", Scheduler: "v1.38.0-rc.1", Etcd: "v3.6.16"}
+		}},
+		{name: "component version that is a shell command", change: func(s *clusterv1.MachineSpec) {
+			s.Versions.Components = &clusterv1.ComponentVersions{APIServer: "v1.37.2; touch /tmp/owned"}
+		}, want: want{field.ErrorTypeInvalid, "spec.versions.components.apiServer", "must be a release version like v1.37.2"}},
+		{name: "component version that leaves the binaries' directory", change: func(s *clusterv1.MachineSpec) {
+			s.Versions.Components = &clusterv1.ComponentVersions{Etcd: "v3.6.16/../../../usr/bin/sh"}
+		}, want: want{field.ErrorTypeInvalid, "spec.versions.components.etcd", "a leading v, then major.minor.patch"}},
+		{name: "component version without its v", change: func(s *clusterv1.MachineSpec) {
+			s.Versions.Components = &clusterv1.ComponentVersions{ControllerManager: "1.37.2"}
+		}, want: want{field.ErrorTypeInvalid, "spec.versions.components.controllerManager", "a leading v"}},
+		{name: "component version too long", change: func(s *clusterv1.MachineSpec) {
+			s.Versions.Components = &clusterv1.ComponentVersions{Scheduler: "v1.37.2-" + strings.Repeat("a", 60)}
+		}, want: want{field.ErrorTypeInvalid, "spec.versions.components.scheduler", "at most 64 characters"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

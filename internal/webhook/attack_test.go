@@ -544,3 +544,23 @@ func (w *warnings) contain(s string) bool {
 	}
 	return false
 }
+
+// Issue 36, finding 6: a component's version names its binary in a path
+// on the management host and in a shell command on an SSH host. One that
+// is not a release version is refused on create and on update, in a
+// Machine and in a set's template, the field named.
+func TestAttackComponentVersionReachesAPathOrAShell(t *testing.T) {
+	ns := env.Namespace(t)
+	m := newWorker(ns, "shell")
+	m.Spec.Versions.Components = &clusterv1.ComponentVersions{APIServer: "v1.37.2;touch${IFS}/tmp/owned"}
+	refusedAs(t, env.Client, m, "spec.versions.components.apiServer", "must be a release version like v1.37.2")
+
+	m = newWorker(ns, "path")
+	createAs(t, env.Client, m)
+	patchRefused(t, env.Client, m, mergePatch(`{"spec":{"versions":{"components":{"etcd":"v3.6.16/../../../../bin/sh"}}}}`),
+		"spec.versions.components.etcd", "a leading v, then major.minor.patch")
+
+	spec := newWorker(ns, "template").Spec
+	spec.Versions.Components = &clusterv1.ComponentVersions{Scheduler: "$(id)"}
+	refusedAs(t, env.Client, newMachineSet(ns, spec), "spec.template.spec.versions.components.scheduler", "must be a release version")
+}

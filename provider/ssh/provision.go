@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -192,10 +193,20 @@ func hostCapacity(ctx context.Context, c *conn) (corev1.ResourceList, error) {
 	}, nil
 }
 
+// binaryName is the name of a binary marina copies: the agent, or a
+// component and its release version (kube-apiserver-v1.37.2). Versions
+// come from a Machine's spec; the webhook checks their format, and this
+// keeps one that got past it (an object stored before the check) out of
+// a path here and a command on the host.
+var binaryName = regexp.MustCompile(`^[a-z][a-z-]*(-v[0-9]+[.][0-9]+[.][0-9]+(-[0-9A-Za-z.-]+)?)?$`)
+
 // copyBinaries copies the named binaries to the host's bin directory,
 // those whose copy there differs (by SHA-256) only.
 func (p *Provider) copyBinaries(ctx context.Context, c *conn, names []string) error {
 	for _, name := range names {
+		if !binaryName.MatchString(name) {
+			return fmt.Errorf("refusing to copy binary %q: not a component and a release version like kube-apiserver-v1.37.2", name)
+		}
 		local := filepath.Join(p.opts.BinDir, name)
 		if name == agentBinary {
 			local = p.opts.AgentBinary
@@ -205,7 +216,7 @@ func (p *Provider) copyBinaries(ctx context.Context, c *conn, names []string) er
 			return fmt.Errorf("the binary %s the machine needs: %w", name, err)
 		}
 		remote := binDir + "/" + name
-		out, err := c.output(ctx, "sha256sum "+remote+" 2>/dev/null | cut -c1-64; true")
+		out, err := c.output(ctx, "sha256sum "+shellQuote(remote)+" 2>/dev/null | cut -c1-64; true")
 		if err != nil {
 			return err
 		}

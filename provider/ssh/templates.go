@@ -58,7 +58,7 @@ func (t *Templates) Check() error {
 		if !stepKey.MatchString(key) {
 			return fmt.Errorf("%s: key %q is not a step: name steps provision-NN-name.sh or deprovision-NN-name.sh (NN orders them)", t.Source, key)
 		}
-		if _, err := template.New(key).Option("missingkey=error").Parse(text); err != nil {
+		if _, err := parse(key, text); err != nil {
 			return fmt.Errorf("%s: key %s does not parse: %w", t.Source, key, err)
 		}
 	}
@@ -79,7 +79,7 @@ func (t *Templates) Render(phase string, facts *Facts) ([]Step, error) {
 	sort.Strings(keys)
 	steps := make([]Step, 0, len(keys))
 	for _, key := range keys {
-		tmpl := template.Must(template.New(key).Option("missingkey=error").Parse(t.Data[key]))
+		tmpl := template.Must(parse(key, t.Data[key]))
 		var b bytes.Buffer
 		if err := tmpl.Execute(&b, facts); err != nil {
 			return nil, fmt.Errorf("%s: rendering key %s: %w", t.Source, key, err)
@@ -88,6 +88,14 @@ func (t *Templates) Render(phase string, facts *Facts) ([]Step, error) {
 		steps = append(steps, Step{Name: m[2] + "-" + m[3], Source: t.Source + " key " + key, Script: b.String()})
 	}
 	return steps, nil
+}
+
+// parse parses a template with the function quote, which makes a value one
+// word of a POSIX shell: {{quote .SandboxDir}}. marina's own values are
+// checked (paths it makes, DNS names, an IP address, release versions),
+// and a template quotes them all the same.
+func parse(key, text string) (*template.Template, error) {
+	return template.New(key).Option("missingkey=error").Funcs(template.FuncMap{"quote": shellQuote}).Parse(text)
 }
 
 // Facts are what templates are rendered with.

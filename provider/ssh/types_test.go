@@ -102,6 +102,11 @@ func TestTemplatesRunInKeyOrderWithTheFacts(t *testing.T) {
 			t.Errorf("%s: Render = %v, want an error naming the ConfigMap", name, err)
 		}
 	}
+	// quote makes a value one shell word, whatever it holds.
+	quoted, err := (&Templates{Source: "t", Data: map[string]string{"provision-10-a.sh": "printf %s {{quote .Machine.Name}}"}}).Render(phaseProvision, &Facts{Machine: MachineFacts{Name: "it's; $(id)"}})
+	if err != nil || quoted[0].Script != `printf %s 'it'\''s; $(id)'` {
+		t.Errorf("quote rendered %+v, %v", quoted, err)
+	}
 	// The defaults render for both roles and both phases.
 	for _, role := range []string{"worker", "control-plane"} {
 		for _, phase := range []string{phaseProvision, phaseDeprovision} {
@@ -109,6 +114,21 @@ func TestTemplatesRunInKeyOrderWithTheFacts(t *testing.T) {
 			if err != nil || len(steps) == 0 {
 				t.Errorf("default %s templates for a %s: %d steps, %v", phase, role, len(steps), err)
 			}
+		}
+	}
+}
+
+// A binary name made of a version that got past admission (an object
+// stored before the check) never reaches a path or a shell command.
+func TestCopyBinariesRefusesWhatIsNotAComponentAndAVersion(t *testing.T) {
+	for _, name := range []string{"etcd-v3.6.16;id", "kube-apiserver-v1.37.2/../../sh", "../marina", "kube-scheduler-$(id)"} {
+		if err := (&Provider{}).copyBinaries(t.Context(), nil, []string{name}); err == nil || !strings.Contains(err.Error(), "refusing to copy binary") {
+			t.Errorf("copyBinaries(%q) = %v, want a refusal", name, err)
+		}
+	}
+	for _, name := range []string{"marina", "etcd-v3.6.16", "kube-apiserver-v1.38.0-rc.1"} {
+		if !binaryName.MatchString(name) {
+			t.Errorf("%q is a binary marina copies, refused", name)
 		}
 	}
 }

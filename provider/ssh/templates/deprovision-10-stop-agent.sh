@@ -7,11 +7,11 @@ if [ -f /etc/systemd/system/marina-agent.service ] && command -v systemctl >/dev
 	rm -f /etc/systemd/system/marina-agent.service
 	systemctl daemon-reload || true
 fi
-pid=$(cat {{.SandboxDir}}/agent.pid 2>/dev/null || true)
+pid=$(cat {{quote .SandboxDir}}/agent.pid 2>/dev/null || true)
 if [ -n "$pid" ]; then
 	kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
 	for _ in $(seq 1 100); do
-		flock -n {{.SandboxDir}}/agent.lock true 2>/dev/null && break
+		flock -n {{quote .SandboxDir}}/agent.lock true 2>/dev/null && break
 		sleep 0.1
 	done
 	kill -KILL -- "-$pid" 2>/dev/null || true
@@ -19,7 +19,7 @@ fi
 for p in /proc/[0-9]*; do
 	exe=$(readlink "$p/exe" 2>/dev/null) || continue
 	case $exe in
-	{{.BinDir}}/*) echo "stopping ${p#/proc/} ($exe)"; kill -KILL "${p#/proc/}" 2>/dev/null || true ;;
+	{{quote .BinDir}}/*) echo "stopping ${p#/proc/} ($exe)"; kill -KILL "${p#/proc/}" 2>/dev/null || true ;;
 	esac
 done
 echo "agent of {{.Machine.Namespace}}/{{.Machine.Name}} stopped"

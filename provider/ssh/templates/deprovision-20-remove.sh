@@ -1,5 +1,5 @@
 # Removes what the machine left on the host but the provisioning log
 # ({{.LogDir}}).
 set -eu
-rm -rf {{.SandboxDir}} {{.BinDir}}
+rm -rf {{quote .SandboxDir}} {{quote .BinDir}}
 echo "removed {{.SandboxDir}} and {{.BinDir}}"

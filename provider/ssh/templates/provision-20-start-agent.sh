@@ -2,7 +2,7 @@
 # unit where the host runs systemd (it also survives a reboot), else a
 # process of its own session. A running agent is left alone.
 set -eu
-cd {{.SandboxDir}}
+cd {{quote .SandboxDir}}
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
 	cat > /etc/systemd/system/marina-agent.service <<UNIT
 [Unit]
@@ -22,10 +22,10 @@ UNIT
 	echo "agent started as systemd unit marina-agent.service"
 	exit 0
 fi
-if ! flock -n {{.SandboxDir}}/agent.lock true; then
+if ! flock -n {{quote .SandboxDir}}/agent.lock true; then
 	echo "agent already running (pid $(cat agent.pid 2>/dev/null))"
 	exit 0
 fi
-setsid nohup {{.AgentCommand}} >>{{.SandboxDir}}/agent.log 2>&1 </dev/null &
+setsid nohup {{.AgentCommand}} >>{{quote .SandboxDir}}/agent.log 2>&1 </dev/null &
 echo $! > agent.pid
 echo "agent started, pid $!"
