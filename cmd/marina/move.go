@@ -12,6 +12,7 @@ import (
 
 	"marina.dev/marina/internal/move"
 	"marina.dev/marina/internal/scheme"
+	"marina.dev/marina/provider/ssh"
 )
 
 // stopAfterWritesEnv, for tests only, ends marina move after that many
@@ -35,7 +36,9 @@ target's controllers took them over, and deletes them from the source last
 without running their deletion: no machine is made, deleted or restarted.
 
 Killed or failed at any point, run it again: it finds what it did on both
-planes and finishes. For the local provider the target must run on the same
+planes and finishes. Machines on SSH hosts are refused, named, before
+anything is paused: their provider's records of which host each holds stay
+in the source plane's state directory. For the local provider the target must run on the same
 host over the same machine directory (marina up --machines-dir, or marina
 controller --local-provider-dir), see docs/cli.md.`,
 		Example: `  marina up --state-dir ~/mgmt2 --api-port 7443 --etcd-port 7379 --webhook-port 7444 --machines-dir ~/.local/state/marina/machines &
@@ -58,7 +61,8 @@ controller --local-provider-dir), see docs/cli.md.`,
 			if err != nil {
 				return fmt.Errorf("connecting to the target: %w", err)
 			}
-			opts := move.Options{Source: source, Target: target, Namespace: mf.namespace, Out: cmd.OutOrStdout(), Timeout: timeout}
+			opts := move.Options{Source: source, Target: target, Namespace: mf.namespace, Out: cmd.OutOrStdout(), Timeout: timeout,
+				Providers: move.Providers{ssh.GroupVersion.WithKind(ssh.Kind): ssh.Moving}}
 			if v := os.Getenv(stopAfterWritesEnv); v != "" {
 				if opts.StopAfterWrites, err = strconv.Atoi(v); err != nil {
 					return fmt.Errorf("%s: %w", stopAfterWritesEnv, err)

@@ -44,7 +44,18 @@ type Options struct {
 	// SkipControllerWaits skips the waits for controllers, for tests of
 	// the API traffic alone where no controller runs.
 	SkipControllerWaits bool
+	// Providers say, per providerSpec kind, which objects a provider's
+	// spec names and whether its machines may move at all.
+	Providers Providers
+
+	// afterList, in tests, runs after the first list of the source: what a
+	// controller does before the pause reaches it.
+	afterList func()
 }
+
+// settleRounds bounds how often a move lists the source again for objects
+// made before its pause reached their makers.
+const settleRounds = 5
 
 var (
 	nsKinds = []schema.GroupVersionKind{
@@ -77,19 +88,21 @@ func Run(ctx context.Context, opts Options) error {
 	if err := m.checkTarget(ctx); err != nil {
 		return err
 	}
-	objs, err := m.list(ctx, m.Source)
-	if err != nil {
-		return fmt.Errorf("listing the source's objects: %w", err)
-	}
-	plan, err := BuildPlan(objs)
+	plan, err := m.plan(ctx)
 	if err != nil {
 		return err
 	}
-	existing, err := m.findCopies(ctx, plan)
-	if err != nil {
+	if m.afterList != nil {
+		m.afterList()
+	}
+	if _, err := m.findCopies(ctx, plan); err != nil {
 		return err
 	}
 	if err := m.pauseSource(ctx, plan); err != nil {
+		return err
+	}
+	plan, existing, err := m.settle(ctx, plan)
+	if err != nil {
 		return err
 	}
 	if err := m.create(ctx, plan, existing); err != nil {
@@ -98,10 +111,90 @@ func Run(ctx context.Context, opts Options) error {
 	if err := m.unpauseTarget(ctx); err != nil {
 		return err
 	}
+	if err := m.allCopied(ctx, plan); err != nil {
+		return err
+	}
 	if err := m.deleteSource(ctx, plan); err != nil {
 		return err
 	}
 	fmt.Fprintf(m.Out, "Moved %d objects of namespace %s\n", len(plan.Items), m.Namespace)
+	return nil
+}
+
+// plan lists the source and plans the move of what it holds.
+func (m *mover) plan(ctx context.Context) (*Plan, error) {
+	objs, err := m.list(ctx, m.Source)
+	if err != nil {
+		return nil, fmt.Errorf("listing the source's objects: %w", err)
+	}
+	return BuildPlan(objs, m.Providers)
+}
+
+// settle lists the source again once its controllers stopped: a Machine a
+// MachineSet made between the first list and the pause is in no plan, and
+// left behind unpaused it would be provisioned on the source while the
+// target makes a replacement, then deleted there with a real drain once
+// its owners are gone. What is new is paused in turn, until a list finds
+// nothing new.
+func (m *mover) settle(ctx context.Context, plan *Plan) (*Plan, map[types.UID]*unstructured.Unstructured, error) {
+	for range settleRounds {
+		again, err := m.plan(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		existing, err := m.findCopies(ctx, again)
+		if err != nil {
+			return nil, nil, err
+		}
+		added := newIn(again, plan)
+		if len(added) == 0 {
+			return again, existing, nil
+		}
+		fmt.Fprintf(m.Out, "Found %d objects made before the pause: %s\n", len(added), strings.Join(added, ", "))
+		if err := m.pauseSource(ctx, again); err != nil {
+			return nil, nil, err
+		}
+		plan = again
+	}
+	return nil, nil, fmt.Errorf("objects kept appearing on the source after %d lists: is something other than marina's controllers creating them in namespace %s?", settleRounds, m.Namespace)
+}
+
+// newIn names the objects of plan that were not in before.
+func newIn(plan, before *Plan) []string {
+	had := map[types.UID]bool{}
+	for _, it := range before.Items {
+		had[it.Object.GetUID()] = true
+	}
+	var out []string
+	for _, it := range plan.Items {
+		if !had[it.Object.GetUID()] {
+			out = append(out, Key(it.Object))
+		}
+	}
+	return out
+}
+
+// allCopied refuses to delete the source while it holds a marina object
+// the plan did not copy: deleting the owners would leave it to garbage
+// collection, a real deletion on the source.
+func (m *mover) allCopied(ctx context.Context, plan *Plan) error {
+	objs, err := m.list(ctx, m.Source)
+	if err != nil {
+		return fmt.Errorf("listing the source's objects: %w", err)
+	}
+	copied := map[types.UID]bool{}
+	for _, it := range plan.Items {
+		copied[it.Object.GetUID()] = true
+	}
+	var left []string
+	for _, o := range objs {
+		if IsMarinaKind(o.GetKind()) && !copied[o.GetUID()] {
+			left = append(left, Key(o))
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("the source holds objects made after the pause that were not copied: %s; nothing was deleted from the source: run marina move again", strings.Join(left, ", "))
+	}
 	return nil
 }
 

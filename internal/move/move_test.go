@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -289,4 +290,67 @@ func TestMoveRefusesWhatItCannotDo(t *testing.T) {
 			t.Errorf("the source was touched: %v %v", err, cl.Annotations)
 		}
 	})
+}
+
+// Issue 36, finding 5: a Machine its MachineSet makes between the move's
+// list and the pause is listed again once the controllers stopped, paused
+// and moved with the rest: it ends on the target, and the source keeps no
+// Machine for garbage collection to delete there.
+func TestMoveCarriesAMachineMadeBeforeThePause(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	o := opts(w.ns)
+	var late *clusterv1.Machine
+	o.afterList = func() {
+		var ms clusterv1.MachineSet
+		if err := source.Client.Get(ctx, types.NamespacedName{Namespace: w.ns, Name: "workers-abc"}, &ms); err != nil {
+			t.Fatal(err)
+		}
+		late = &clusterv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Name: "workers-abc-late", Namespace: w.ns, Labels: ms.Spec.Template.ObjectMeta.Labels, Finalizers: []string{clusterv1.MachineFinalizer},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "MachineSet", Name: ms.Name, UID: ms.UID, Controller: ptr(true)}}},
+			Spec: ms.Spec.Template.Spec,
+		}
+		mustCreate(t, source.Client, late)
+		late.Status.ProviderID = "local://" + string(late.UID)
+		late.Status.Phase = clusterv1.MachinePhaseRunning
+		if err := source.Client.Status().Update(ctx, late); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out strings.Builder
+	o.Out = &out
+	if err := Run(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	w.uids["Machine "+late.Name] = late.UID
+	w.machines = append(w.machines, late.Name)
+	w.check(t)
+	if !strings.Contains(out.String(), "Found 1 objects made before the pause: Machine "+w.ns+"/workers-abc-late") {
+		t.Errorf("the move did not say it found the late machine:\n%s", out.String())
+	}
+}
+
+// Issue 36, finding 1: machines whose provider keeps records the move
+// cannot carry (SSH hosts) are refused, named, with nothing paused.
+func TestMoveRefusesMachinesItsProviderCannotMove(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	o := opts(w.ns)
+	local := schema.GroupVersionKind{Group: "local.marina.dev", Version: "v1alpha1", Kind: "LocalMachine"}
+	o.Providers = Providers{local: {Refusal: "its records stay on the source"}}
+	err := Run(ctx, o)
+	if !errors.Is(err, ErrCannotMove) || !strings.Contains(err.Error(), "Cluster "+w.ns+"/c1 (LocalMachine)") ||
+		!strings.Contains(err.Error(), "Machine "+w.ns+"/workers-abc-0 (LocalMachine)") || !strings.Contains(err.Error(), "its records stay on the source") {
+		t.Fatalf("error %v, want ErrCannotMove naming the cluster and the machines", err)
+	}
+	var machines clusterv1.MachineList
+	if err := source.Client.List(ctx, &machines, client.InNamespace(w.ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range machines.Items {
+		if _, paused := m.Annotations[clusterv1.PausedAnnotation]; paused {
+			t.Errorf("machine %s was paused although the move was refused", m.Name)
+		}
+	}
 }

@@ -2,15 +2,18 @@ package move
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/provider"
 )
 
 // PausedValue is the value of the paused annotation marina move puts on
@@ -65,13 +68,26 @@ func Key(o *unstructured.Unstructured) string {
 	return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
 }
 
+// Providers are what a move knows of each providerSpec kind (the
+// provider contract's Moving); a kind not in it has no references beyond
+// the `*SecretRef` fields and may move.
+type Providers map[schema.GroupVersionKind]provider.Moving
+
 // BuildPlan chooses, from everything listed in the source namespace (its
 // marina objects, Secrets and ConfigMaps) and the MachineClasses, what
 // moves, and orders it. It refuses a cluster that is being deleted or
-// upgraded, unless the move already paused it (a run again after a crash).
-func BuildPlan(objs []*unstructured.Unstructured) (*Plan, error) {
+// upgraded, unless the move already paused it (a run again after a crash),
+// and machines whose provider cannot move them.
+func BuildPlan(objs []*unstructured.Unstructured, providers Providers) (*Plan, error) {
 	chosen := map[types.UID]bool{} // true: deleted from the source too
 	refs := map[string]bool{}      // Kind/name named by a chosen object
+	classes := map[string]*unstructured.Unstructured{}
+	for _, o := range objs {
+		if o.GetKind() == "MachineClass" {
+			classes[o.GetName()] = o
+		}
+	}
+	refused := map[string][]string{} // refusal -> objects
 	for _, o := range objs {
 		if !IsMarinaKind(o.GetKind()) {
 			continue
@@ -81,6 +97,30 @@ func BuildPlan(objs []*unstructured.Unstructured) (*Plan, error) {
 		}
 		chosen[o.GetUID()] = true
 		collectRefs(o.Object["spec"], refs)
+		spec := machineSpec(o)
+		if spec == nil {
+			continue
+		}
+		gvk, specs := providerSpecs(spec, classes)
+		rule := providers[gvk]
+		if rule.Refusal != "" {
+			refused[rule.Refusal] = append(refused[rule.Refusal], fmt.Sprintf("%s (%s)", Key(o), gvk.Kind))
+		}
+		if rule.References != nil {
+			for _, ps := range specs {
+				for _, r := range rule.References(ps) {
+					refs[r.Kind+"/"+r.Name] = true
+				}
+			}
+		}
+	}
+	if len(refused) > 0 {
+		var why []string
+		for reason, objs := range refused {
+			why = append(why, strings.Join(objs, ", ")+": "+reason)
+		}
+		slices.Sort(why)
+		return nil, fmt.Errorf("%w: %s", ErrCannotMove, strings.Join(why, "; "))
 	}
 	// Secrets and ConfigMaps owned, directly or through others, by a
 	// chosen object go with it; a pass per level of ownership.
@@ -135,6 +175,56 @@ func refuse(o *unstructured.Unstructured) error {
 		}
 	}
 	return nil
+}
+
+// ErrCannotMove is wrapped by a refusal to move machines whose provider
+// cannot change management plane.
+var ErrCannotMove = errors.New("these machines cannot move to another management plane")
+
+// machineSpec is the part of o that says how its machines are made: a
+// machine's spec, a set's or deployment's template, the control plane.
+func machineSpec(o *unstructured.Unstructured) map[string]any {
+	var path []string
+	switch o.GetKind() {
+	case "Machine":
+		path = []string{"spec"}
+	case "MachineSet", "MachineDeployment":
+		path = []string{"spec", "template", "spec"}
+	case "Cluster":
+		path = []string{"spec", "controlPlane"}
+	default:
+		return nil
+	}
+	spec, _, _ := unstructured.NestedMap(o.Object, path...)
+	return spec
+}
+
+// providerSpecs resolves a machine spec's provider kind (its own
+// providerSpec's, else its class's) and returns the provider's own specs
+// that apply: the class's and the machine's overrides.
+func providerSpecs(spec map[string]any, classes map[string]*unstructured.Unstructured) (schema.GroupVersionKind, []map[string]any) {
+	var gvk schema.GroupVersionKind
+	var specs []map[string]any
+	add := func(ps map[string]any) {
+		if ps == nil {
+			return
+		}
+		apiVersion, _ := ps["apiVersion"].(string)
+		kind, _ := ps["kind"].(string)
+		if kind != "" && gvk.Kind == "" {
+			gvk = schema.FromAPIVersionAndKind(apiVersion, kind)
+		}
+		if own, _ := ps["spec"].(map[string]any); own != nil {
+			specs = append(specs, own)
+		}
+	}
+	own, _, _ := unstructured.NestedMap(spec, "providerSpec")
+	add(own)
+	if name, _, _ := unstructured.NestedString(spec, "classRef", "name"); name != "" && classes[name] != nil {
+		class, _, _ := unstructured.NestedMap(classes[name].Object, "spec", "providerSpec")
+		add(class)
+	}
+	return gvk, specs
 }
 
 // collectRefs finds the objects a spec names: classRef (a MachineClass),

@@ -1,15 +1,18 @@
 package move
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/provider"
 )
 
 // obj builds a listed object: kind, name, and its UID "uid-<name>"; owners
@@ -48,6 +51,21 @@ func setField(o *unstructured.Unstructured, v any, path ...string) {
 	}
 }
 
+var rack = schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Rack"}
+
+// refsOf is a provider's References: the ConfigMaps its spec's fields name.
+func refsOf(fields ...string) func(map[string]any) []provider.ObjectRef {
+	return func(spec map[string]any) []provider.ObjectRef {
+		var out []provider.ObjectRef
+		for _, f := range fields {
+			if name, _, _ := unstructured.NestedString(spec, f, "name"); name != "" {
+				out = append(out, provider.ObjectRef{Kind: "ConfigMap", Name: name})
+			}
+		}
+		return out
+	}
+}
+
 func TestBuildPlan(t *testing.T) {
 	cluster := func() *unstructured.Unstructured { return obj("Cluster", "c1") }
 	tests := []struct {
@@ -55,8 +73,9 @@ func TestBuildPlan(t *testing.T) {
 		objs []*unstructured.Unstructured
 		// want is the plan, in order: "Kind name", with " (copy)" for an
 		// object copied and left on the source.
-		want    []string
-		wantErr string
+		want      []string
+		wantErr   string
+		providers Providers
 	}{{
 		name: "owners first, whatever the listing order",
 		objs: []*unstructured.Unstructured{
@@ -108,14 +127,45 @@ func TestBuildPlan(t *testing.T) {
 		objs:    []*unstructured.Unstructured{obj("MachineSet", "a", "b"), obj("MachineSet", "b", "a")},
 		wantErr: "cycle among MachineSet ns/a, MachineSet ns/b",
 	}, {
+		name: "a provider's references move with the machines, from their class and their own spec",
+		objs: []*unstructured.Unstructured{
+			cluster(),
+			with(obj("Machine", "m1"), func(o *unstructured.Unstructured) {
+				setField(o, "hosts-class", "spec", "classRef", "name")
+				setField(o, map[string]any{"templatesRef": map[string]any{"name": "templates"}}, "spec", "providerSpec", "spec")
+			}),
+			with(obj("MachineClass", "hosts-class"), func(o *unstructured.Unstructured) {
+				setField(o, map[string]any{"apiVersion": "example.com/v1", "kind": "Rack", "spec": map[string]any{"hostsRef": map[string]any{"name": "hosts"}}}, "spec", "providerSpec")
+			}),
+			obj("ConfigMap", "hosts"), obj("ConfigMap", "templates"), obj("ConfigMap", "unrelated"),
+		},
+		providers: Providers{rack: {References: refsOf("hostsRef", "templatesRef")}},
+		want:      []string{"MachineClass hosts-class (copy)", "ConfigMap ns/hosts (copy)", "ConfigMap ns/templates (copy)", "Cluster c1", "Machine m1"},
+	}, {
+		name: "machines a provider cannot move are refused, each named, wherever they are made",
+		objs: []*unstructured.Unstructured{
+			with(cluster(), func(o *unstructured.Unstructured) {
+				setField(o, map[string]any{"apiVersion": "example.com/v1", "kind": "Rack"}, "spec", "controlPlane", "providerSpec")
+			}),
+			with(obj("MachineDeployment", "md1"), func(o *unstructured.Unstructured) {
+				setField(o, "rack-class", "spec", "template", "spec", "classRef", "name")
+			}),
+			with(obj("MachineClass", "rack-class"), func(o *unstructured.Unstructured) {
+				setField(o, map[string]any{"apiVersion": "example.com/v1", "kind": "Rack"}, "spec", "providerSpec")
+			}),
+			obj("Machine", "elsewhere"),
+		},
+		providers: Providers{rack: {Refusal: "racks stay put"}},
+		wantErr:   "Cluster ns/c1 (Rack), MachineDeployment ns/md1 (Rack): racks stay put",
+	}, {
 		name: "nothing to move",
 		objs: []*unstructured.Unstructured{obj("Secret", "unrelated"), obj("MachineClass", "unused")},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			plan, err := BuildPlan(tt.objs)
+			plan, err := BuildPlan(tt.objs, tt.providers)
 			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || (tt.providers != nil && !errors.Is(err, ErrCannotMove)) {
 					t.Fatalf("error %v, want one saying %q", err, tt.wantErr)
 				}
 				return

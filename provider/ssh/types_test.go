@@ -2,6 +2,7 @@ package ssh
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -130,5 +131,18 @@ func TestCopyBinariesRefusesWhatIsNotAComponentAndAVersion(t *testing.T) {
 		if !binaryName.MatchString(name) {
 			t.Errorf("%q is a binary marina copies, refused", name)
 		}
+	}
+}
+
+// marina move copies the ConfigMaps an SSHMachine spec names with the
+// machines (issue 36, finding 4) and refuses to move SSH machines at all.
+func TestMovingNamesTheConfigMapsOfTheSpec(t *testing.T) {
+	refs := Moving.References(map[string]any{"hostsRef": map[string]any{"name": "rack-a"}, "templatesRef": map[string]any{"name": "prov"}, "secretRef": map[string]any{"name": "keys"}})
+	want := []provider.ObjectRef{{Kind: "ConfigMap", Name: "rack-a"}, {Kind: "ConfigMap", Name: "prov"}}
+	if !slices.Equal(refs, want) {
+		t.Errorf("References = %v, want %v", refs, want)
+	}
+	if Moving.Refusal == "" {
+		t.Error("SSH machines may move, although their records stay on the source plane")
 	}
 }
