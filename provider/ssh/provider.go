@@ -158,13 +158,20 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 		return nil, err
 	}
 	defer p.lock(req.UID)()
-	creds, err := p.credentials(ctx, req.Namespace, m.Spec.SecretRef.Name)
+	creds, keep, err := p.readCredentials(ctx, req.Namespace, m.Spec.SecretRef.Name)
 	if err != nil {
 		return nil, err
 	}
 	candidates, err := p.candidates(ctx, req.Namespace, &m.Spec)
 	if err != nil {
 		return nil, err
+	}
+	tmpls, err := p.templates(ctx, req.Namespace, m.Spec.TemplatesRef)
+	if err != nil {
+		return nil, err
+	}
+	if m.Spec.TemplatesRef != nil {
+		keep.Deprovision = tmpls.phase(phaseDeprovision)
 	}
 	// The record first: a host claimed after it is always found again,
 	// by Create, Delete and the safety controller.
@@ -178,6 +185,7 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 	rec.Namespace, rec.Name, rec.Spec = req.Namespace, req.Name, m.Spec
 	rec.ControlPlane = req.Bootstrap.ControlPlane != nil
 	rec.Candidates = mergeHosts(rec.Candidates, candidates)
+	rec.Kept = keep
 	if err := p.writeRecord(req.UID, rec); err != nil {
 		return nil, err
 	}
@@ -241,7 +249,7 @@ func (p *Provider) Delete(ctx context.Context, uid types.UID) error {
 	if err != nil || rec == nil {
 		return err
 	}
-	creds, err := p.credentials(ctx, rec.Namespace, rec.Spec.SecretRef.Name)
+	creds, err := p.deletionCredentials(ctx, rec)
 	if err != nil {
 		return fmt.Errorf("deleting machine %s/%s: %w", rec.Namespace, rec.Name, err)
 	}
@@ -280,7 +288,7 @@ func (p *Provider) deprovision(ctx context.Context, uid types.UID, rec *record, 
 		_, err := c.output(ctx, "rm -rf "+shellQuote(tmpClaim(uid)))
 		return err
 	}
-	tmpls, err := p.templates(ctx, rec.Namespace, rec.Spec.TemplatesRef)
+	tmpls, err := p.deletionTemplates(ctx, rec)
 	if err != nil {
 		return err
 	}
@@ -374,17 +382,48 @@ func (p *Provider) MachineUIDs(context.Context) ([]types.UID, error) {
 
 // credentials reads the Secret ns/name.
 func (p *Provider) credentials(ctx context.Context, ns, name string) (*Credentials, error) {
+	creds, _, err := p.readCredentials(ctx, ns, name)
+	return creds, err
+}
+
+// errGone is wrapped by the errors that say a Secret or ConfigMap a spec
+// names does not exist.
+var errGone = errors.New("not found")
+
+// readCredentials is credentials, and the Secret's data they came from.
+func (p *Provider) readCredentials(ctx context.Context, ns, name string) (*Credentials, *kept, error) {
 	if p.opts.Client == nil {
-		return nil, errors.New("ssh provider: no client to read Secrets with (SetupWithManager was not called)")
+		return nil, nil, errors.New("ssh provider: no client to read Secrets with (SetupWithManager was not called)")
 	}
 	var s corev1.Secret
 	if err := p.opts.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("Secret %s/%s (spec.secretRef) does not exist: create it with %s and %s", ns, name, PrivateKeyKey, KnownHostsKey)
+			return nil, nil, fmt.Errorf("Secret %s/%s (spec.secretRef) does not exist: create it with %s and %s (%w)", ns, name, PrivateKeyKey, KnownHostsKey, errGone)
 		}
-		return nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
+		return nil, nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
 	}
-	return ParseCredentials(s.Data[PrivateKeyKey], s.Data[KnownHostsKey], ns+"/"+name)
+	creds, err := ParseCredentials(s.Data[PrivateKeyKey], s.Data[KnownHostsKey], ns+"/"+name)
+	return creds, &kept{PrivateKey: s.Data[PrivateKeyKey], KnownHosts: s.Data[KnownHostsKey]}, err
+}
+
+// deletionCredentials are the live Secret's credentials, or those Create
+// kept when the Secret is gone.
+func (p *Provider) deletionCredentials(ctx context.Context, rec *record) (*Credentials, error) {
+	creds, _, err := p.readCredentials(ctx, rec.Namespace, rec.Spec.SecretRef.Name)
+	if !errors.Is(err, errGone) || rec.Kept == nil {
+		return creds, err
+	}
+	return ParseCredentials(rec.Kept.PrivateKey, rec.Kept.KnownHosts, fmt.Sprintf("the copy of Secret %s/%s kept for the machine's deletion", rec.Namespace, rec.Spec.SecretRef.Name))
+}
+
+// deletionTemplates are the live templates, or the deprovision steps
+// Create kept when their ConfigMap is gone.
+func (p *Provider) deletionTemplates(ctx context.Context, rec *record) (*Templates, error) {
+	tmpls, err := p.templates(ctx, rec.Namespace, rec.Spec.TemplatesRef)
+	if !errors.Is(err, errGone) || rec.Kept == nil || rec.Kept.Deprovision == nil {
+		return tmpls, err
+	}
+	return &Templates{Source: fmt.Sprintf("the copy of ConfigMap %s/%s kept for the machine's deletion", rec.Namespace, rec.Spec.TemplatesRef.Name), Data: rec.Kept.Deprovision}, nil
 }
 
 // candidates are the hosts spec names that its selector keeps.
@@ -421,7 +460,7 @@ func (p *Provider) templates(ctx context.Context, ns string, ref *LocalRef) (*Te
 	var cm corev1.ConfigMap
 	if err := p.opts.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, &cm); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("ConfigMap %s/%s (spec.templatesRef) does not exist: create it, or remove templatesRef to use the defaults", ns, ref.Name)
+			return nil, fmt.Errorf("ConfigMap %s/%s (spec.templatesRef) does not exist: create it, or remove templatesRef to use the defaults (%w)", ns, ref.Name, errGone)
 		}
 		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", ns, ref.Name, err)
 	}
@@ -485,6 +524,23 @@ type record struct {
 	// Versions are the versions it was provisioned with, for the steps
 	// Start runs again.
 	Versions VersionFacts
+	// Kept is what Delete needs when the Secret or the templates
+	// ConfigMap the spec names are gone.
+	Kept *kept `json:",omitempty"`
+}
+
+// kept is the key to log in with and the deprovision templates, as they
+// were when Create last read them. `kubectl delete namespace` removes a
+// namespace's Secrets and ConfigMaps first (they have no finalizer) while
+// its Machines wait on theirs: without this copy a machine's deletion
+// would wait for good and its host stay claimed with its agent running.
+// The live objects are used whenever they exist (a rotated key is used
+// at once); the record file is 0600 in a 0700 directory.
+type kept struct {
+	PrivateKey, KnownHosts []byte
+	// Deprovision are the deprovision steps of the templates, by key;
+	// nil with the default templates.
+	Deprovision map[string]string `json:",omitempty"`
 }
 
 func (p *Provider) recordPath(uid types.UID) string {

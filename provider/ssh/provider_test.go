@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
@@ -535,5 +536,55 @@ func TestStartRunsAKilledAgentAgain(t *testing.T) {
 	}
 	if err := p.Delete(ctx, id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Issue 36, finding 3: `kubectl delete namespace` removes the Secret and
+// the templates ConfigMap before the Machines (they have no finalizer).
+// Delete then logs in with the key Create kept and runs the deprovision
+// steps it kept: the host is wiped and free, not claimed for good.
+func TestDeleteAfterTheSecretAndTheTemplatesAreGone(t *testing.T) {
+	ctx := context.Background()
+	hs := startHosts(t, 2)
+	ns := env.Namespace(t)
+	hs.apply(t, ns)
+	state := t.TempDir()
+	p := newProvider(t, state)
+
+	tmpl := sshprov.DefaultTemplates().Data
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "provisioning"}, Data: map[string]string{
+		"provision-10-check.sh":        tmpl["provision-10-check.sh"],
+		"provision-20-start-agent.sh":  tmpl["provision-20-start-agent.sh"],
+		"deprovision-05-mark.sh":       "echo by the operators template > {{quote .LogDir}}/deprovisioned\n",
+		"deprovision-10-stop-agent.sh": tmpl["deprovision-10-stop-agent.sh"],
+		"deprovision-20-remove.sh":     tmpl["deprovision-20-remove.sh"],
+	}}
+	if err := env.Client.Create(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	id := uid("0000000000d1")
+	if _, err := p.Create(ctx, workerRequest(ns, "d", id, workerSpec(t, "provisioning"))); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(state, string(id)+".json")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the record, which holds a copy of the key, is %v (%v), want mode 0600", fi.Mode(), err)
+	}
+	for _, o := range []client.Object{cm, hs.secret.DeepCopy()} {
+		o.SetNamespace(ns)
+		if err := env.Client.Delete(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Delete(ctx, id); err != nil {
+		t.Fatalf("Delete with its Secret and ConfigMap gone: %v", err)
+	}
+	if got := strings.TrimSpace(hs.ssh(t, 2, "ls -A /var/lib/marina")); got != "log" {
+		t.Errorf("host 2 keeps %q after Delete, want only the log", got)
+	}
+	if got := strings.TrimSpace(hs.ssh(t, 2, "cat /var/lib/marina/log/deprovisioned")); got != "by the operators template" {
+		t.Errorf("the kept deprovision step did not run: %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(state, string(id)+".json")); !os.IsNotExist(err) {
+		t.Errorf("the record (and its copy of the key) outlived the machine: %v", err)
 	}
 }

@@ -65,6 +65,17 @@ func (t *Templates) Check() error {
 	return nil
 }
 
+// phase is the templates of phase, by key.
+func (t *Templates) phase(phase string) map[string]string {
+	out := map[string]string{}
+	for key, text := range t.Data {
+		if m := stepKey.FindStringSubmatch(key); m != nil && m[1] == phase {
+			out[key] = text
+		}
+	}
+	return out
+}
+
 // Render renders the steps of phase with facts, in key order.
 func (t *Templates) Render(phase string, facts *Facts) ([]Step, error) {
 	if err := t.Check(); err != nil {
