@@ -85,6 +85,15 @@ const (
 	MachineStartFailedReason = "StartFailed"
 	// MachineStartedReason: the event of a stopped machine started again.
 	MachineStartedReason = "Started"
+	// MachineDeletionFailedReason: the provider could not delete the
+	// machine being deleted; the controller retries with backoff, the
+	// message says why (and when it stops waiting, with
+	// spec.nodeDeletionTimeout set).
+	MachineDeletionFailedReason = "DeletionFailed"
+	// MachineLeftBehindReason: the provider could not delete the machine
+	// within spec.nodeDeletionTimeout; the Machine went without it, and
+	// the event names what was left behind.
+	MachineLeftBehindReason = "LeftBehind"
 
 	// MachineNodeReadyCondition mirrors the Ready condition of the machine's
 	// Node in the workload cluster.

@@ -147,8 +147,11 @@ type MachineSpec struct {
 	// nor removed. After it, the real machine is deleted anyway, without
 	// draining or removing the Node (a NodeNotDeleted warning event says
 	// so; delete the Node by hand once the cluster answers). It also bounds
-	// a Node removal that keeps failing after the real machine is gone.
-	// Unset waits for the cluster (upstream Cluster API defaults it to 10s).
+	// a Node removal that keeps failing after the real machine is gone,
+	// and a provider that cannot delete the real machine (an SSH host gone
+	// for good): past it the Machine goes, and a LeftBehind warning event
+	// names what was left, which the safety controller's orphan sweep
+	// keeps asking the provider to delete. Unset waits for the cluster (upstream Cluster API defaults it to 10s).
 	// A machine with the cluster.marina.dev/exclude-node-draining annotation
 	// does not wait for an unreachable cluster at all.
 	//

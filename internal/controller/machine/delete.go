@@ -94,9 +94,12 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		return ctrl.Result{}, nil // removing the annotation is an update: it brings the machine back
 	}
 	if err := prov.Delete(ctx, clusterv1.InstanceKey(m)); err != nil {
-		return ctrl.Result{}, fmt.Errorf("deleting machine with provider %s: %w", prov.Name(), err)
+		if res, goOn, err := r.providerDeleteFailed(ctx, m, prov, err, time.Now()); !goOn {
+			return res, err
+		}
+	} else {
+		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, "MachineDeleted", "Delete", "provider %s deleted the machine", prov.Name())
 	}
-	r.recorder.Eventf(m, nil, corev1.EventTypeNormal, "MachineDeleted", "Delete", "provider %s deleted the machine", prov.Name())
 	if r.crashed("after-provider-delete") {
 		return ctrl.Result{}, errCrash
 	}
@@ -114,6 +117,37 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, m *clusterv1.Machine, 
 		return ctrl.Result{}, errCrash
 	}
 	return ctrl.Result{}, r.removeFinalizer(ctx, m)
+}
+
+// providerDeleteFailed says on the machine why its provider could not
+// delete the real machine (the error names what it could not reach: an
+// SSH host that is gone for good). The controller retries with backoff;
+// past spec.nodeDeletionTimeout the deletion ends without it, with a
+// warning event naming what is left behind, so that a namespace's
+// deletion is not held for good by a host nobody can reach. What is left
+// is still the provider's: the safety controller's orphan sweep keeps
+// asking it to delete the machine. goOn: the deletion goes on without it.
+func (r *Reconciler) providerDeleteFailed(ctx context.Context, m *clusterv1.Machine, prov provider.Provider, err error, now time.Time) (res ctrl.Result, goOn bool, _ error) {
+	deadline, bounded := deletionDeadline(m)
+	if bounded && !now.Before(deadline) {
+		msg := fmt.Sprintf("provider %s could not delete the machine within spec.nodeDeletionTimeout (%s): %v; the machine is deleted without it, and what it holds is left behind until the safety controller's orphan sweep deletes it",
+			prov.Name(), m.Spec.NodeDeletionTimeout.Duration, err)
+		r.recorder.Eventf(m, nil, corev1.EventTypeWarning, clusterv1.MachineLeftBehindReason, "Delete", "%s", msg)
+		setCondition(m, clusterv1.MachineInstanceRunningCondition, metav1.ConditionUnknown, clusterv1.MachineLeftBehindReason, msg)
+		return ctrl.Result{}, true, nil
+	}
+	until := ""
+	if bounded {
+		until = fmt.Sprintf("; at %s (spec.nodeDeletionTimeout after the deletion) the machine is deleted without it", deadline.UTC().Format(time.RFC3339))
+	}
+	setCondition(m, clusterv1.MachineInstanceRunningCondition, metav1.ConditionUnknown, clusterv1.MachineDeletionFailedReason,
+		fmt.Sprintf("provider %s could not delete the machine (retrying with backoff%s): %v", prov.Name(), until, err))
+	if bounded {
+		// Backoff would grow past the deadline; a steady retry keeps it.
+		ctrl.LoggerFrom(ctx).Info("Provider could not delete the machine; retrying", "provider", prov.Name(), "deadline", deadline, "error", err.Error())
+		return ctrl.Result{RequeueAfter: min(deadline.Sub(now)+10*time.Millisecond, clusterRetry)}, false, nil
+	}
+	return ctrl.Result{}, false, fmt.Errorf("deleting machine with provider %s: %w", prov.Name(), err)
 }
 
 // waitForCluster says, in the NodeReady condition, that the deletion waits

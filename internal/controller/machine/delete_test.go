@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -23,6 +24,8 @@ import (
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/internal/testenv"
+	"marina.dev/marina/provider"
+	"marina.dev/marina/provider/local"
 )
 
 // runningPodOn puts a pod on the machine's Node and waits until its agent
@@ -281,4 +284,46 @@ func TestWithoutCluster(t *testing.T) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}
+}
+
+// unreachableHost is the fixture's provider with a Delete that fails as
+// the SSH provider's does when the machine's host is gone for good.
+type unreachableHost struct{ *local.Provider }
+
+func (unreachableHost) Delete(context.Context, types.UID) error {
+	return errors.New("host 10.78.0.99:22: dial tcp 10.78.0.99:22: connect: no route to host")
+}
+
+// Issue 36, finding 3: a provider that cannot reach the machine (its host
+// gone for good) does not hold the Machine, and its namespace, for good:
+// the machine says why while the controller retries, and once
+// spec.nodeDeletionTimeout has passed it goes, with a warning event
+// naming the host left behind.
+func TestAMachineWhoseProviderCannotDeleteItGoesAfterTheTimeout(t *testing.T) {
+	f := newFixture(t)
+	registry, err := provider.NewRegistry(unreachableHost{f.provider})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.startController(Options{Providers: registry})
+	ctx := context.Background()
+	m := f.machine("host-gone", "")
+	m.Spec.NodeDeletionTimeout = &metav1.Duration{Duration: 10 * time.Second}
+	f.create(m)
+	got := f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
+	t.Cleanup(func() { _ = f.provider.Delete(context.Background(), got.UID) }) // what the test's provider left behind
+	if err := mgmt.Client.Delete(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the machine to say its provider cannot delete it, and until when it waits", func() (bool, error) {
+		got, err := f.get(m)
+		if err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineInstanceRunningCondition)
+		return c != nil && c.Reason == clusterv1.MachineDeletionFailedReason && strings.Contains(c.Message, "no route to host") &&
+			strings.Contains(c.Message, "spec.nodeDeletionTimeout after the deletion"), fmt.Errorf("conditions %v", got.Status.Conditions)
+	})
+	f.waitGone(m, 45*time.Second)
+	f.machineEvent(got.UID, clusterv1.MachineLeftBehindReason, "host 10.78.0.99:22", 30*time.Second)
 }
