@@ -294,8 +294,12 @@ func clusterReady(ctx context.Context, c client.Client, key types.NamespacedName
 }
 
 func machinesRunning(ctx context.Context, c client.Client, want int) error {
+	return machinesRunningIn(ctx, c, "default", want)
+}
+
+func machinesRunningIn(ctx context.Context, c client.Client, ns string, want int) error {
 	var list clusterv1.MachineList
-	if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return err
 	}
 	running := 0

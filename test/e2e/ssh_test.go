@@ -28,12 +28,14 @@ import (
 type sshNet struct {
 	prefix string // tools/ssh-hosts' MARINA_SSH_HOSTS_PREFIX
 	net    string // the first three octets of the hosts' /24
+	// namespace of the hosts' Secret and ConfigMap; "" for default.
+	namespace string
 }
 
 var (
 	// exampleHosts are tools/ssh-hosts' defaults, which examples/ssh names
 	// (10.77.0.11).
-	exampleHosts = sshNet{prefix: "mssh", net: "10.77.0"}
+	exampleHosts = sshNet{prefix: "mssh", net: "10.77.0", namespace: sshNS}
 	mixedHosts   = sshNet{prefix: "msshmix", net: "10.77.1"}
 	localCPHosts = sshNet{prefix: "msshlcp", net: "10.77.2"}
 )
@@ -66,6 +68,9 @@ func sshHosts(t *testing.T, hn sshNet, n int) (manifests string, onHost func(i i
 	dir := filepath.Join(t.TempDir(), "hosts")
 	tool := filepath.Join(repo, "tools", "ssh-hosts")
 	env := append(os.Environ(), "MARINA_SSH_HOSTS_DIR="+dir, "MARINA_SSH_HOSTS_PREFIX="+hn.prefix, "MARINA_SSH_HOSTS_NET="+hn.net)
+	if hn.namespace != "" {
+		env = append(env, "MARINA_SSH_HOSTS_NAMESPACE="+hn.namespace)
+	}
 	up := exec.Command(tool, "up", fmt.Sprint(n))
 	up.Env = env
 	var stderr strings.Builder
@@ -92,6 +97,38 @@ func sshHosts(t *testing.T, hn sshNet, n int) (manifests string, onHost func(i i
 	}
 }
 
+// sshNS is the namespace the example's SSH cluster runs in here, so that
+// the test can end by deleting the namespace.
+const sshNS = "ssh-e2e"
+
+// exampleManifests are the files of examples/<name>, as one stream.
+func exampleManifests(t *testing.T, u *upProcess, name string) string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(u.repoRoot(t), "examples", name, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("examples/%s: %v (%d files)", name, err, len(files))
+	}
+	var docs []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, string(data))
+	}
+	return strings.Join(docs, "\n---\n")
+}
+
+// inSSHNamespace moves manifests written for namespace default to sshNS.
+func inSSHNamespace(t *testing.T, manifests string) string {
+	t.Helper()
+	out := strings.ReplaceAll(manifests, "namespace: default", "namespace: "+sshNS)
+	if out == manifests {
+		t.Fatal("the manifests name no namespace default to move")
+	}
+	return out
+}
+
 // The issue's path for servers people own: tools/ssh-hosts up | kubectl
 // apply -f -, then kubectl apply -f examples/ssh/: the control plane (real
 // etcd and Kubernetes components) on one host, a worker on each of two
@@ -111,12 +148,19 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
+	// A namespace of its own, deleted at the end as a whole (issue 36):
+	// its Secret and ConfigMaps go before its Machines.
+	if out, err := u.kubectl(t, "create", "namespace", sshNS); err != nil {
+		t.Fatalf("kubectl create namespace: %v\n%s", err, out)
+	}
 	if out, err := u.kubectlStdin(t, manifests, "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply -f - (the hosts): %v\n%s", err, out)
 	}
 	applied := time.Now()
-	u.applyExample(t, "ssh")
-	key := types.NamespacedName{Namespace: "default", Name: "ssh"}
+	if out, err := u.kubectlStdin(t, inSSHNamespace(t, exampleManifests(t, u, "ssh")), "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply examples/ssh in namespace %s: %v\n%s", sshNS, err, out)
+	}
+	key := types.NamespacedName{Namespace: sshNS, Name: "ssh"}
 	cluster := &clusterv1.Cluster{}
 	testenv.Eventually(t, 6*time.Minute, "cluster ssh Ready with its 3 machines Running", func() error {
 		if err := c.Get(ctx, key, cluster); err != nil {
@@ -125,8 +169,8 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 		if !meta.IsStatusConditionTrue(cluster.Status.Conditions, clusterv1.ReadyCondition) {
 			return fmt.Errorf("not Ready: %v", cluster.Status.Conditions)
 		}
-		if err := machinesRunning(ctx, c, 3); err != nil {
-			return fmt.Errorf("%w: %s", err, machineStates(ctx, c))
+		if err := machinesRunningIn(ctx, c, sshNS, 3); err != nil {
+			return fmt.Errorf("%w: %s", err, machineStatesIn(ctx, c, sshNS))
 		}
 		return nil
 	})
@@ -135,7 +179,7 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 
 	// One machine per host, the control plane on host 1.
 	var machines clusterv1.MachineList
-	if err := c.List(ctx, &machines, client.InNamespace("default")); err != nil {
+	if err := c.List(ctx, &machines, client.InNamespace(sshNS)); err != nil {
 		t.Fatal(err)
 	}
 	hosts := map[string]bool{}
@@ -168,22 +212,22 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 		localWorkerJoins(t, ctx, u, c, key)
 	})
 
-	if out, err := u.kubectl(t, "delete", "-f", filepath.Join(u.repoRoot(t), "examples", "ssh"), "--wait=false"); err != nil {
-		t.Fatalf("kubectl delete -f examples/ssh: %v\n%s", err, out)
+	// The whole namespace at once: the namespace controller deletes the
+	// hosts' Secret and ConfigMap, the templates and the cluster's own
+	// Secrets alongside the Machines. The SSH provider deprovisions with
+	// the key and the steps it kept; the namespace is gone well within
+	// the machines' deletion.
+	deleted := time.Now()
+	if out, err := u.kubectl(t, "delete", "namespace", sshNS, "--wait=false"); err != nil {
+		t.Fatalf("kubectl delete namespace %s: %v\n%s", sshNS, err, out)
 	}
-	testenv.Eventually(t, 3*time.Minute, "cluster ssh and its machines gone", func() error {
-		if err := c.Get(ctx, key, &clusterv1.Cluster{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("cluster still there (%v)", err)
-		}
-		var list clusterv1.MachineList
-		if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {
-			return err
-		}
-		if len(list.Items) > 0 {
-			return fmt.Errorf("%d machines left", len(list.Items))
+	testenv.Eventually(t, 3*time.Minute, "namespace "+sshNS+" gone, with cluster ssh and its machines", func() error {
+		if err := c.Get(ctx, types.NamespacedName{Name: sshNS}, &corev1.Namespace{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("namespace still there (%v): %s", err, machineStatesIn(ctx, c, sshNS))
 		}
 		return nil
 	})
+	t.Logf("namespace %s gone %.1fs after kubectl delete namespace", sshNS, time.Since(deleted).Seconds())
 	for i := 1; i <= 4; i++ {
 		if got := strings.TrimSpace(onHost(i, "ls -A /var/lib/marina")); got != "log" {
 			t.Errorf("host %d keeps %q in /var/lib/marina, want only the provisioning log", i, got)
@@ -210,7 +254,7 @@ func (u *upProcess) repoRoot(t *testing.T) string {
 func failingStepThenFixed(t *testing.T, ctx context.Context, u *upProcess, c client.Client) {
 	const broken = `apiVersion: v1
 kind: ConfigMap
-metadata: {name: provisioning, namespace: default}
+metadata: {name: provisioning, namespace: ssh-e2e}
 data:
   provision-10-check.sh: |
     echo checking {{.Host.Address}}
@@ -232,7 +276,7 @@ apiVersion: cluster.marina.dev/v1alpha1
 kind: Machine
 metadata:
   name: ssh-worker-templated
-  namespace: default
+  namespace: ssh-e2e
   labels: {cluster.marina.dev/cluster-name: ssh}
 spec:
   clusterName: ssh
@@ -250,7 +294,7 @@ spec:
 	if out, err := u.kubectlStdin(t, broken, "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply: %v\n%s", err, out)
 	}
-	key := types.NamespacedName{Namespace: "default", Name: "ssh-worker-templated"}
+	key := types.NamespacedName{Namespace: sshNS, Name: "ssh-worker-templated"}
 	m := &clusterv1.Machine{}
 	testenv.Eventually(t, 2*time.Minute, "the machine's condition names the failing step and its output", func() error {
 		if err := c.Get(ctx, key, m); err != nil {
@@ -260,7 +304,7 @@ spec:
 		if cond == nil {
 			return fmt.Errorf("no %s condition yet", clusterv1.MachineProvisionedCondition)
 		}
-		for _, want := range []string{"step 20-packages", "ConfigMap default/provisioning key provision-20-packages.sh", "exited with status 3", "fetching packages for worker", "mirror.example unreachable"} {
+		for _, want := range []string{"step 20-packages", "ConfigMap " + sshNS + "/provisioning key provision-20-packages.sh", "exited with status 3", "fetching packages for worker", "mirror.example unreachable"} {
 			if !strings.Contains(cond.Message, want) {
 				return fmt.Errorf("%s condition %s: %q does not say %q", clusterv1.MachineProvisionedCondition, cond.Reason, cond.Message, want)
 			}
@@ -268,7 +312,7 @@ spec:
 		return nil
 	})
 	var events corev1.EventList
-	if err := c.List(ctx, &events, client.InNamespace("default")); err != nil {
+	if err := c.List(ctx, &events, client.InNamespace(sshNS)); err != nil {
 		t.Fatal(err)
 	}
 	found := false
@@ -311,7 +355,7 @@ func localWorkerJoins(t *testing.T, ctx context.Context, u *upProcess, c client.
 kind: Machine
 metadata:
   name: ssh-local-worker
-  namespace: default
+  namespace: ssh-e2e
   labels: {cluster.marina.dev/cluster-name: ssh}
 spec:
   clusterName: ssh
@@ -325,7 +369,7 @@ spec:
 	if out, err := u.kubectlStdin(t, worker, "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply: %v\n%s", err, out)
 	}
-	mkey := types.NamespacedName{Namespace: "default", Name: "ssh-local-worker"}
+	mkey := types.NamespacedName{Namespace: sshNS, Name: "ssh-local-worker"}
 	m := &clusterv1.Machine{}
 	testenv.Eventually(t, 2*time.Minute, "the local worker runs with a Ready Node", func() error {
 		if err := c.Get(ctx, mkey, m); err != nil {
@@ -360,8 +404,12 @@ spec:
 // machineStates says each machine's phase and its conditions that are not
 // True, for a failure's message.
 func machineStates(ctx context.Context, c client.Client) string {
+	return machineStatesIn(ctx, c, "default")
+}
+
+func machineStatesIn(ctx context.Context, c client.Client, ns string) string {
 	var list clusterv1.MachineList
-	if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return err.Error()
 	}
 	var b strings.Builder
