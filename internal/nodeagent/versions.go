@@ -2,7 +2,6 @@ package nodeagent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstrap"
+	"marina.dev/marina/internal/desiredversions"
 	"marina.dev/marina/internal/manifest"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
@@ -42,25 +42,6 @@ func (k *kubelet) set(v string) bool {
 	changed := v != k.version
 	k.version = v
 	return changed
-}
-
-// EncodeDesiredVersions is the value of the annotation
-// cluster.marina.dev/desired-versions that asks a machine's agent to run v.
-func EncodeDesiredVersions(v sandbox.Versions) (string, error) {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return "", fmt.Errorf("encoding the desired versions: %w", err)
-	}
-	return string(data), nil
-}
-
-// decodeDesiredVersions reads the annotation's value.
-func decodeDesiredVersions(raw string) (sandbox.Versions, error) {
-	var v sandbox.Versions
-	if err := json.Unmarshal([]byte(raw), &v); err != nil {
-		return v, fmt.Errorf("annotation %s is not the JSON of the desired versions: %w", clusterv1.DesiredVersionsAnnotation, err)
-	}
-	return v, nil
 }
 
 // desiredRetry is how long after a failed attempt to apply the desired
@@ -135,7 +116,7 @@ func (a *agent) watchDesiredVersions(ctx context.Context) {
 			}
 			continue
 		}
-		v, err := decodeDesiredVersions(raw)
+		v, err := desiredversions.Decode(raw)
 		if err != nil {
 			// Not marina's writing: nothing to retry until it changes.
 			a.log.Error(err, "Ignoring the node's desired versions")
@@ -181,7 +162,7 @@ func newerRV(a, b string) bool {
 // applies them. The record comes first: an agent killed after it, before
 // the component restarted, starts the components at the new versions; one
 // killed before it reads the annotation again.
-func (a *agent) applyDesired(ctx context.Context, v sandbox.Versions) error {
+func (a *agent) applyDesired(ctx context.Context, v desiredversions.Versions) error {
 	if err := sandbox.WriteVersions(a.dir, v); err != nil {
 		return fmt.Errorf("recording the desired versions: %w", err)
 	}
@@ -209,7 +190,7 @@ func (a *agent) applyDesired(ctx context.Context, v sandbox.Versions) error {
 
 // setVersions writes the manifest of each component whose version or
 // settings differ from what it was last given, and no other.
-func (cp *controlPlane) setVersions(v sandbox.Versions) error {
+func (cp *controlPlane) setVersions(v desiredversions.Versions) error {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	if v.ControlPlane == cp.machine.Overrides && reflect.DeepEqual(v.Settings, cp.machine.SettingsByVersion) {

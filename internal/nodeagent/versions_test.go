@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/desiredversions"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 )
 
@@ -72,7 +73,7 @@ func TestAgentAppliesTheDesiredVersionsOfItsNode(t *testing.T) {
 		t.Fatalf("the sandbox holds desired versions before any were asked for: %v", err)
 	}
 
-	raw, err := EncodeDesiredVersions(sandbox.Versions{Kubelet: "v1.38.0"})
+	raw, err := desiredversions.Encode(desiredversions.Versions{Kubelet: "v1.38.0"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,8 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 	"marina.dev/marina/internal/bootstrap"
+	"marina.dev/marina/internal/desiredversions"
 	"marina.dev/marina/internal/manifest"
-	"marina.dev/marina/internal/nodeagent"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/provider"
 	"marina.dev/marina/tools"
@@ -82,7 +82,7 @@ func TestLoneControlPlaneUpgradesItsAPIServerThroughItself(t *testing.T) {
 		}
 	}
 
-	raw, err := nodeagent.EncodeDesiredVersions(sandbox.Versions{Kubelet: from, ControlPlane: want})
+	raw, err := desiredversions.Encode(desiredversions.Versions{Kubelet: from, ControlPlane: want})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
-	"marina.dev/marina/internal/nodeagent"
-	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/internal/desiredversions"
 	"marina.dev/marina/provider"
 )
 
@@ -139,7 +138,7 @@ func syncNodeMetadata(ctx context.Context, c client.Client, node *corev1.Node, m
 // cluster's admin credentials: NodeRestriction lets a node change its own
 // Node, never another's.
 func setDesiredVersions(ctx context.Context, c client.Client, node *corev1.Node, v provider.Versions) error {
-	raw, err := nodeagent.EncodeDesiredVersions(sandbox.Versions{Kubelet: v.Kubelet, ControlPlane: v.ControlPlane, Settings: v.Settings})
+	raw, err := desiredversions.Encode(desiredversions.Versions{Kubelet: v.Kubelet, ControlPlane: v.ControlPlane, Settings: v.Settings})
 	if err != nil {
 		return err
 	}

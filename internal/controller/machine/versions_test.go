@@ -15,8 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
-	"marina.dev/marina/internal/nodeagent"
-	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/internal/desiredversions"
 	"marina.dev/marina/provider"
 )
 
@@ -34,7 +33,7 @@ func TestVersionChangeReachesTheMachineThroughItsNode(t *testing.T) {
 	m := f.create(f.machine("inplace", ""))
 	got := f.waitPhase(m, clusterv1.MachinePhaseRunning, provisionTimeout)
 	desired := func(kubelet string) string {
-		raw, err := nodeagent.EncodeDesiredVersions(sandbox.Versions{Kubelet: kubelet})
+		raw, err := desiredversions.Encode(desiredversions.Versions{Kubelet: kubelet})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 
-	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/desiredversions"
 	"marina.dev/marina/internal/files"
 )
 
@@ -23,22 +23,10 @@ import (
 // host never writes into a running machine.
 const DesiredVersionsFile = "desired-versions.json"
 
-// Versions is the content of DesiredVersionsFile, and of the Node
-// annotation it is copied from. Empty fields keep the versions the machine
-// was made with.
-type Versions struct {
-	Kubelet      string                      `json:"kubelet,omitempty"`
-	ControlPlane clusterv1.ComponentVersions `json:"controlPlane,omitempty"`
-	// Settings are the component settings by version, for the versions
-	// an upgrade moved components to; a component at another version
-	// runs the settings the machine was made with.
-	Settings map[string]clusterv1.ControlPlaneComponents `json:"settings,omitempty"`
-}
-
 // ReadVersions reads dir's desired versions; a missing file is no
 // override.
-func ReadVersions(dir string) (Versions, error) {
-	var v Versions
+func ReadVersions(dir string) (desiredversions.Versions, error) {
+	var v desiredversions.Versions
 	data, err := os.ReadFile(filepath.Join(dir, DesiredVersionsFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return v, nil
@@ -55,7 +43,7 @@ func ReadVersions(dir string) (Versions, error) {
 // WriteVersions writes v into dir atomically (and durably: it is what a
 // restarted agent starts the components with); it writes nothing when the
 // file already says v, so that calling it again changes nothing.
-func WriteVersions(dir string, v Versions) error {
+func WriteVersions(dir string, v desiredversions.Versions) error {
 	if have, err := ReadVersions(dir); err == nil && reflect.DeepEqual(have, v) {
 		return nil
 	}
