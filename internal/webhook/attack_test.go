@@ -564,3 +564,31 @@ func TestAttackComponentVersionReachesAPathOrAShell(t *testing.T) {
 	spec.Versions.Components = &clusterv1.ComponentVersions{Scheduler: "$(id)"}
 	refusedAs(t, env.Client, newMachineSet(ns, spec), "spec.template.spec.versions.components.scheduler", "must be a release version")
 }
+
+// Issue 35: a Machine written directly, not through its Cluster, is held
+// to the skew policy too: its control-plane version moves one minor at a
+// time and never down one, its kubelet at most one minor at a time and at
+// most three minors behind its control-plane version. Each on create or
+// update, the field named.
+func TestAttackAControlPlaneMachinesOwnVersionsSkipMinors(t *testing.T) {
+	ns := env.Namespace(t)
+	cp := func(name string, kubelet clusterv1.KubernetesVersion) *clusterv1.Machine {
+		m := newWorker(ns, name)
+		m.Spec.Roles = []clusterv1.MachineRole{clusterv1.ControlPlaneRole}
+		m.Spec.Versions = clusterv1.MachineVersions{Kubelet: kubelet, ControlPlane: newest}
+		return m
+	}
+	m := cp("cp", newest)
+	createAs(t, env.Client, m)
+	patchRefused(t, env.Client, m, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"controlPlane":%q}}}`, nextMinor(nextMinor(newest)))),
+		"spec.versions.controlPlane", "may go up by at most one minor version at a time")
+	patchRefused(t, env.Client, m, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"controlPlane":%q,"kubelet":%q}}}`, minorsBack(newest, 1), minorsBack(newest, 1))),
+		"spec.versions.controlPlane", "never down a minor version")
+
+	behind := cp("behind", minorsBack(newest, 2))
+	createAs(t, env.Client, behind)
+	patchRefused(t, env.Client, behind, mergePatch(fmt.Sprintf(`{"spec":{"versions":{"kubelet":%q}}}`, newest)),
+		"spec.versions.kubelet", "a control-plane machine's kubelet may move by at most one minor version at a time")
+
+	refusedAs(t, env.Client, cp("far-behind", minorsBack(newest, 4)), "spec.versions.kubelet", "at most three minor versions older than versions.controlPlane")
+}
