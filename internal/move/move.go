@@ -85,11 +85,12 @@ func Run(ctx context.Context, opts Options) error {
 		opts.Out = io.Discard
 	}
 	m := &mover{Options: opts}
-	if err := m.checkTarget(ctx); err != nil {
-		return err
-	}
+	// The plan first: what cannot move is refused without the target.
 	plan, err := m.plan(ctx)
 	if err != nil {
+		return err
+	}
+	if err := m.checkTarget(ctx); err != nil {
 		return err
 	}
 	if m.afterList != nil {

@@ -205,6 +205,9 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 		t.Errorf("the control-plane bundle has mode %s on host 1, want 600", got)
 	}
 
+	t.Run("marina move refuses the SSH machines and touches nothing", func(t *testing.T) {
+		moveRefused(t, ctx, u, c, onHost)
+	})
 	t.Run("a failing step is named and a fixed ConfigMap is used", func(t *testing.T) {
 		failingStepThenFixed(t, ctx, u, c)
 	})
@@ -245,6 +248,40 @@ func (u *upProcess) repoRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return repo
+}
+
+// moveRefused: the SSH provider's records stay on this plane, so marina
+// move refuses the namespace (issue 36), naming the machines, before it
+// reaches the target (here a plane that does not exist) or pauses
+// anything; the hosts' agents run on.
+func moveRefused(t *testing.T, ctx context.Context, u *upProcess, c client.Client, onHost func(int, string) string) {
+	agents := onHost(1, "cat /var/lib/marina/machine/agent.pid")
+	target := filepath.Join(t.TempDir(), "nowhere.kubeconfig")
+	nowhere := "apiVersion: v1\nkind: Config\nclusters: [{name: x, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: x, user: {token: x}}]\ncontexts: [{name: x, context: {cluster: x, user: x}}]\ncurrent-context: x\n"
+	if err := os.WriteFile(target, []byte(nowhere), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := u.marinaErr("move", "-n", sshNS, "--to-kubeconfig", target)
+	if err == nil {
+		t.Fatalf("marina move of SSH machines succeeded:\n%s", out)
+	}
+	for _, want := range []string{"cannot move to another management plane", "Cluster " + sshNS + "/ssh (SSHMachine)", "Machine " + sshNS + "/ssh-worker-0 (SSHMachine)", "Keep SSH clusters on the plane that made them"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("marina move's refusal does not say %q:\n%s", want, out)
+		}
+	}
+	var machines clusterv1.MachineList
+	if err := c.List(ctx, &machines, client.InNamespace(sshNS)); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range machines.Items {
+		if _, paused := m.Annotations[clusterv1.PausedAnnotation]; paused {
+			t.Errorf("machine %s was paused by a refused move", m.Name)
+		}
+	}
+	if again := onHost(1, "cat /var/lib/marina/machine/agent.pid"); again != agents {
+		t.Errorf("the control-plane host's agent changed (%q, then %q)", agents, again)
+	}
 }
 
 // failingStepThenFixed adds a worker to cluster ssh whose templates (a
