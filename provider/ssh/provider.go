@@ -200,7 +200,7 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 		return nil, err
 	}
 	if !running {
-		if err := p.provision(ctx, c, req, rec); err != nil {
+		if err := p.provision(ctx, c, req, rec, tmpls); err != nil {
 			return nil, err
 		}
 	}

@@ -74,7 +74,7 @@ func (p *Provider) facts(uid types.UID, rec *record, h Host, server string) *Fac
 // provision makes req's machine on c's host: the binaries, the bootstrap
 // bundle, then the provisioning steps; it returns once the agent holds
 // its lock. Every part may run again (a retry after any failure or crash).
-func (p *Provider) provision(ctx context.Context, c *conn, req *provider.Request, rec *record) error {
+func (p *Provider) provision(ctx context.Context, c *conn, req *provider.Request, rec *record, tmpls *Templates) error {
 	facts := p.facts(req.UID, rec, c.host, req.Bootstrap.Server)
 	facts.Versions.Kubelet = string(req.Machine.Versions.Kubelet)
 	bins := []string{agentBinary}
@@ -98,10 +98,6 @@ func (p *Provider) provision(ctx context.Context, c *conn, req *provider.Request
 		return err
 	}
 	// The templates first: a broken one fails before anything is copied.
-	tmpls, err := p.templates(ctx, rec.Namespace, rec.Spec.TemplatesRef)
-	if err != nil {
-		return err
-	}
 	steps, err := tmpls.Render(phaseProvision, facts)
 	if err != nil {
 		return err
