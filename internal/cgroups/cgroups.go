@@ -162,8 +162,10 @@ func Processes(group string) ([]int, error) {
 }
 
 // KillAll sends SIGKILL to every process of group and below until none
-// is left (a process may fork while it is being killed), for at most
-// timeout, then removes the groups, deepest first, in every hierarchy.
+// is left (a process may fork while it is being killed), then removes the
+// groups, deepest first, in every hierarchy, for at most timeout. A
+// killed process leaves cgroup.procs before the kernel lets go of its
+// group: until then rmdir says EBUSY, and KillAll tries again.
 func KillAll(group string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -172,9 +174,11 @@ func KillAll(group string, timeout time.Duration) error {
 			return err
 		}
 		if len(pids) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
+			err := Remove(group)
+			if err == nil || !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+				return err
+			}
+		} else if time.Now().After(deadline) {
 			return fmt.Errorf("processes %v of cgroup %s are still alive after SIGKILL for %s", pids, group, timeout)
 		}
 		for _, pid := range pids {
@@ -182,7 +186,6 @@ func KillAll(group string, timeout time.Duration) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return Remove(group)
 }
 
 // Remove removes group and the groups below it, deepest first, in every
