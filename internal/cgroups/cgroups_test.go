@@ -24,15 +24,15 @@ func TestKillAllEndsEveryProcessAndRemovesTheGroups(t *testing.T) {
 	if err != nil || len(hs) == 0 {
 		t.Skipf("no cgroup hierarchy: %v", err)
 	}
-	t.Cleanup(func() { _ = Remove(group) })
 	cmd := exec.Command("sh", "-c", "while :; do sleep 1 & wait; done")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	// Whatever fails below, the shell and its groups go with the test.
+	t.Cleanup(func() { _ = KillAll(group, 5*time.Second); _ = cmd.Process.Kill() })
 	if err := Join(child, cmd.Process.Pid); err != nil {
-		_ = cmd.Process.Kill()
 		t.Fatal(err)
 	}
 	if pids, err := Processes(group); err != nil || len(pids) == 0 {
