@@ -420,7 +420,7 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() er
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+			Fatalf(t, "%s: not true after %s: %v", what, timeout, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -72,10 +72,8 @@ func TestLocalControlPlaneWithAnSSHWorker(t *testing.T) {
 
 	// The operator opens the bridge's address to clusters' endpoints.
 	u, _, c := startUpWithClient(t, "--endpoint-addresses", localCPHosts.host(0))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("marina up's output, the cluster's lines:\n%s", grepLines(u.out.String(), "lcp"))
-		}
+	testenv.OnFailure(t, func() {
+		t.Logf("marina up's output, the cluster's lines:\n%s", grepLines(u.out.String(), "lcp"))
 	})
 	ctx := context.Background()
 	if out, err := u.kubectlStdin(t, manifests, "apply", "-f", "-"); err != nil {

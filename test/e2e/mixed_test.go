@@ -99,10 +99,8 @@ func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 	const hosts = 4
 	manifests, onHost := sshHosts(t, mixedHosts, hosts)
 	u, root, c := startUpWithClient(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("marina up's output, the provider's lines:\n%s", grepLines(u.out.String(), `provider="ssh"`, "mixed-"))
-		}
+	testenv.OnFailure(t, func() {
+		t.Logf("marina up's output, the provider's lines:\n%s", grepLines(u.out.String(), `provider="ssh"`, "mixed-"))
 	})
 	ctx := context.Background()
 	if out, err := u.kubectlStdin(t, manifests, "apply", "-f", "-"); err != nil {
@@ -283,8 +281,6 @@ func userBalancer(t *testing.T, ctx context.Context, c client.Client, key types.
 	t.Cleanup(func() {
 		_ = lb.Process.Signal(syscall.SIGTERM)
 		_ = lb.Wait()
-		if t.Failed() {
-			logBackendEvents(t, filepath.Join(dir, loadbalancer.LogFile))
-		}
 	})
+	testenv.OnFailure(t, func() { logBackendEvents(t, filepath.Join(dir, loadbalancer.LogFile)) })
 }

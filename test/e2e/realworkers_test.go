@@ -36,11 +36,9 @@ func TestRealWorkersRunPods(t *testing.T) {
 	t.Parallel()
 	requireRealWorkers(t)
 	u, root, c := startUpWithClient(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := u.kubectl(t, "get", "machines", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase,DELETING:.metadata.deletionTimestamp,CONDITIONS:.status.conditions[*].message")
-			t.Logf("the machines:\n%s\nmarina up's errors and deletions:\n%s", out, grepLines(u.out.String(), "error", "Delet", "LeftBehind"))
-		}
+	testenv.OnFailure(t, func() {
+		out, _ := u.kubectl(t, "get", "machines", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase,DELETING:.metadata.deletionTimestamp,CONDITIONS:.status.conditions[*].message")
+		t.Logf("the machines:\n%s\nmarina up's errors and deletions:\n%s", out, grepLines(u.out.String(), "error", "Delet", "LeftBehind"))
 	})
 	ctx := context.Background()
 	applied := time.Now()

@@ -142,10 +142,8 @@ func TestSSHHostsRunTheExampleCluster(t *testing.T) {
 	// A fourth host for the machine whose provisioning fails, below.
 	manifests, onHost := sshHosts(t, exampleHosts, 4)
 	u, _, c := startUpWithClient(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("marina up's output, the provider's lines:\n%s", grepLines(u.out.String(), `provider="ssh"`, "ssh-worker", "ssh-control-plane"))
-		}
+	testenv.OnFailure(t, func() {
+		t.Logf("marina up's output, the provider's lines:\n%s", grepLines(u.out.String(), `provider="ssh"`, "ssh-worker", "ssh-control-plane"))
 	})
 	ctx := context.Background()
 	// A namespace of its own, deleted at the end as a whole (issue 36):

@@ -219,14 +219,16 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 // backends, to be set beside the failures' times.
 func checkProbe(t *testing.T, res prober.Result, lbLogs ...string) {
 	t.Helper()
-	for _, e := range res.Errors {
-		t.Logf("  failed: %s", e)
-	}
 	if res.Failures != 0 {
-		t.Errorf("%d of %d requests through the endpoint failed during the InPlace upgrade, want 0", res.Failures, res.Requests)
+		// The failures last: a CI report shows a failed test's tail.
+		testenv.Explain(t)
 		for _, path := range lbLogs {
 			logBackendEvents(t, path)
 		}
+		for _, e := range res.Errors {
+			t.Logf("  failed: %s", e)
+		}
+		t.Errorf("%d of %d requests through the endpoint failed during the InPlace upgrade, want 0; the first: %s", res.Failures, res.Requests, res.Errors[0])
 	}
 	// Its three loops send one request each every 100ms when answers are
 	// quick; three planes on two cores slow the answers (18.9/s in one CI
@@ -335,7 +337,7 @@ func waitUpgraded(t *testing.T, ctx context.Context, c client.Client, key types.
 		case cond == nil:
 			return fmt.Errorf("no %s condition", clusterv1.ClusterUpgradeProgressingCondition)
 		case cond.Reason == clusterv1.ClusterUpgradeStepTimeoutReason:
-			t.Fatalf("the upgrade halted: %s", cond.Message)
+			testenv.Fatalf(t, "the upgrade halted: %s", cond.Message)
 		case cond.Reason != clusterv1.ClusterUpgradeCompleteReason || st.CompletedAt == nil:
 			return fmt.Errorf("%s: %s", cond.Reason, cond.Message)
 		}
