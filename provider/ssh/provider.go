@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -332,12 +333,45 @@ func (p *Provider) StageVersions(ctx context.Context, uid types.UID, v provider.
 			bins = append(bins, name+"-"+want)
 		}
 	}
+	// The machine controller stages on every pass; checking the host each
+	// time cost a login and hashing some 300 MB of binaries there, per
+	// control-plane machine per pass. What was copied or found is
+	// recorded, and the host is visited again only for a binary it has
+	// not been seen to hold.
+	sums, err := p.binarySums(bins)
+	if err != nil {
+		return err
+	}
+	if rec.holds(sums) {
+		return nil
+	}
 	c, err := p.onHost(ctx, uid, rec)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	return p.copyBinaries(ctx, c, bins)
+	if err := p.copyBinaries(ctx, c, bins); err != nil {
+		return err
+	}
+	if rec.Staged == nil {
+		rec.Staged = map[string]string{}
+	}
+	maps.Copy(rec.Staged, sums)
+	return p.writeRecord(uid, rec)
+}
+
+// binarySums are the SHA-256 sums of the named binaries of the binary
+// directory, by name.
+func (p *Provider) binarySums(names []string) (map[string]string, error) {
+	sums := make(map[string]string, len(names))
+	for _, name := range names {
+		sum, err := localSum(filepath.Join(p.opts.BinDir, name))
+		if err != nil {
+			return nil, fmt.Errorf("the binary %s the machine needs: %w", name, err)
+		}
+		sums[name] = sum
+	}
+	return sums, nil
 }
 
 // onHost connects to the host rec holds for the machine made for uid, and
@@ -527,6 +561,20 @@ type record struct {
 	// Kept is what Delete needs when the Secret or the templates
 	// ConfigMap the spec names are gone.
 	Kept *kept `json:",omitempty"`
+	// Staged are the binaries StageVersions put on the host or found
+	// there, by name, with their SHA-256 sums.
+	Staged map[string]string `json:",omitempty"`
+}
+
+// holds reports whether every binary of sums was staged on the host with
+// that sum.
+func (r *record) holds(sums map[string]string) bool {
+	for name, sum := range sums {
+		if r.Staged[name] != sum {
+			return false
+		}
+	}
+	return true
 }
 
 // kept is the key to log in with and the deprovision templates, as they

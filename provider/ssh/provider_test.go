@@ -483,6 +483,33 @@ func TestStageVersionsCopiesTheUpgradesBinaries(t *testing.T) {
 	if err := p.StageVersions(ctx, uid("0000000000s2"), v); !provider.IsNotFound(err) {
 		t.Errorf("StageVersions of an unknown machine = %v, want NotFound", err)
 	}
+
+	// The machine controller stages on every pass: versions already staged
+	// need no visit to the host. Without the Secret to log in with, the
+	// same versions are staged still, and new ones are refused naming it.
+	secret := hs.secret.DeepCopy()
+	secret.SetNamespace(ns)
+	if err := env.Client.Delete(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.StageVersions(ctx, id, v); err != nil {
+		t.Errorf("StageVersions of versions staged already, the Secret gone: %v, want nil (no login)", err)
+	}
+	next := v
+	next.ControlPlane.APIServer = "v1.37.2"
+	if err := p.StageVersions(ctx, id, next); err == nil || !strings.Contains(err.Error(), "ssh-hosts") {
+		t.Errorf("StageVersions of a new apiserver, the Secret gone: %v, want the Secret named", err)
+	}
+	secret.ResourceVersion = ""
+	if err := env.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.StageVersions(ctx, id, next); err != nil {
+		t.Fatalf("StageVersions of a new apiserver: %v", err)
+	}
+	if got := hs.ssh(t, 1, "ls /var/lib/marina/bin"); !strings.Contains(got, "kube-apiserver-v1.37.2") {
+		t.Errorf("host 1's bin holds %q, want kube-apiserver-v1.37.2 beside the others", got)
+	}
 	if err := p.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}

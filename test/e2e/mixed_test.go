@@ -26,8 +26,13 @@ import (
 
 // mixedCluster: three control-plane machines on SSH hosts 1-3 behind a
 // balancer of the user's at 10.77.0.1:6443 (the management host's end of
-// the hosts' bridge; the test moves it to mixedHosts' network), a worker on SSH host 4 and a worker of the local
-// provider, all at upgradeFrom, upgraded InPlace.
+// the hosts' bridge; the test moves it to mixedHosts' network), a worker
+// on SSH host 4 and a worker of the local provider, all at upgradeFrom,
+// upgraded InPlace. A step takes some 30 s alone and about four times
+// that beside three more planes and the crash-point package: 3m left
+// little margin (a CI run failed 3.5 minutes into the upgrade, its reason
+// out of sight), and 6m still halts a stuck step well within
+// waitUpgraded's 15 minutes.
 const mixedCluster = `apiVersion: cluster.marina.dev/v1alpha1
 kind: Cluster
 metadata: {name: mixed, namespace: default}
@@ -40,7 +45,7 @@ spec:
     version: v1.36.3
     replicas: 3
     etcd: {type: Stacked}
-    upgradeStrategy: {type: InPlace, stepTimeout: 3m}
+    upgradeStrategy: {type: InPlace, stepTimeout: 6m}
     providerSpec:
       apiVersion: ssh.marina.dev/v1alpha1
       kind: SSHMachine
