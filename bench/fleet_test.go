@@ -89,6 +89,7 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 	cs := kubernetes.NewForConfigOrDie(mgmt.Config)
 	writesBefore, conflictsBefore := apiWritesAndConflicts(b, cs)
 	byResourceBefore := writesByKind(b, cs)
+	fields := watchMachineFields(b, mgmt.Config)
 	machines := machineCache(b, mgmt)
 	start := time.Now()
 	progressCtx, stopProgress := context.WithCancel(ctx)
@@ -126,6 +127,8 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 	for k, v := range byResourceBefore {
 		byResource[k] -= v
 	}
+	changes, byField := fields.stop()
+	machineWrites := byResource["PATCH machines/status"] + byResource["PATCH machines"] + byResource["PUT machines/status"] + byResource["PUT machines"]
 
 	durations := make([]time.Duration, 0, len(readyAt))
 	for _, d := range readyAt {
@@ -141,6 +144,8 @@ func runFleet(b *testing.B, clusters, cps, workersEach int) {
 	fmt.Printf("median machine:                   %s\n", durations[len(durations)/2].Round(time.Millisecond))
 	fmt.Printf("management API writes:            %.0f, %.2f per machine; 409 conflicts: %.0f\n", writes, writes/float64(total), conflicts)
 	fmt.Printf("  by resource and verb:           %s\n", largestFirst(byResource, "%.0f", 1))
+	fmt.Printf("machine updates a watch saw:      %d of %.0f machine patches and puts (%.0f changed nothing)\n", changes, machineWrites, machineWrites-float64(changes))
+	fmt.Printf("  the fields they changed:        %s\n", largestFirst(byField, "%.0f", 1))
 	fmt.Printf("marina controller:                peak RSS %.0f MiB, CPU %.1f s\n", marinaRSS, marinaCPU)
 	for _, g := range []string{"agents", "control planes", "endpoints"} {
 		fmt.Printf("%-34s%d processes, summed peak RSS %.0f MiB, CPU %.1f s\n", g+":", groups[g].n, groups[g].peakMiB, groups[g].cpu)
