@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
-	"marina.dev/marina/internal/controller/ownwrites"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
 )
@@ -67,10 +66,7 @@ type Options struct {
 type Reconciler struct {
 	client client.Client
 	// live reads from the API server, bypassing the cache.
-	live client.Reader
-	// written: a pass skips a cached machine older than its own last
-	// write (issue 37).
-	written  ownwrites.Tracker
+	live     client.Reader
 	clusters *remote.Cache
 	recorder recorder.EventRecorder
 	opts     Options
@@ -158,20 +154,11 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Rec
 	return r, nil
 }
 
-// staleRecheck is how soon a machine skipped for a stale copy is looked
-// at again should the event of the write that made it stale not come.
-const staleRecheck = 2 * time.Second
-
 // Reconcile makes one machine's world match its spec.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	m := &clusterv1.Machine{}
 	if err := r.client.Get(ctx, req.NamespacedName, m); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if m.DeletionTimestamp.IsZero() && r.written.Stale(m) {
-		// Our last write's event queues the machine again once the
-		// cache has it; the requeue is for an event that never comes.
-		return ctrl.Result{RequeueAfter: staleRecheck}, nil
 	}
 	if !m.DeletionTimestamp.IsZero() {
 		// A machine being deleted is read again from the API server: its
@@ -202,12 +189,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		}
 		if err := r.patchStatus(ctx, before, m); err != nil {
 			retErr = errors.Join(retErr, err)
-		}
-		switch {
-		case !m.DeletionTimestamp.IsZero() && !machineFinalizer.Held(m):
-			r.written.Forget(m.UID) // gone: no pass will read it again
-		case m.ResourceVersion != before.ResourceVersion:
-			r.written.Wrote(m)
 		}
 	}()
 	if why, err := r.pausedBy(ctx, m); err != nil || why != "" {
