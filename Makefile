@@ -34,8 +34,8 @@ image: ## Build the controller image (no container daemon) into bin/marina-image
 		-version $(VERSION) -revision $(REVISION) -repo $(IMAGE_REPO) -out $(BIN)/marina-image.tar
 
 .PHONY: images
-images: ## Build the pause and hello images real nodes import (no container daemon) into bin/images/{pause,hello}.tar
-	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./tools/images/build -out $(BIN)/images
+images: setup ## Build the images real nodes import (no container daemon) into bin/images/{pause,hello,coredns}.tar
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./tools/images/build -out $(BIN)/images -bin $(BIN)
 
 .PHONY: generate
 generate: ## Generate deepcopy code, CRDs, RBAC and the webhook configuration from the Go markers

@@ -7,6 +7,7 @@
 # Outputs:
 #   bin/etcd-<v>, bin/kube-{apiserver,controller-manager,scheduler,proxy}-<v>, bin/kubelet-<v>
 #   bin/containerd-<v>, bin/containerd-shim-runc-v2-<v>, bin/ctr-<v>
+#   bin/coredns-<v>             the cluster DNS addon (make images packs it)
 #   bin/kubectl-<newest>
 #   bin/kubectl                 the newest kubectl
 #   bin/k8s/<kube-version>/     etcd + kube-apiserver + kubectl, the layout
@@ -102,6 +103,21 @@ build_containerd() {
   for c in $bins; do install_bin "$cache/$c-$v-$k" "$c-$v"; done
 }
 
+build_coredns() {
+  local v=$COREDNS_VERSION k out
+  k=$(key tools/coredns "")
+  out="$cache/coredns-$v-$k"
+  if [[ ! -x $out ]]; then
+    log "building coredns $v (about 4 min on 2 cores when the Go caches are cold)"
+    local start=$SECONDS tmp
+    tmp=$(mktemp -d "$cache/.build.XXXXXX")
+    (cd tools/coredns && go build -v -trimpath -ldflags "-s -w" -o "$tmp/coredns" . 2>&1) | progress "coredns $v"
+    mv "$tmp/coredns" "$out" && rmdir "$tmp"
+    log "built coredns $v in $((SECONDS - start))s"
+  fi
+  install_bin "$out" "coredns-$v"
+}
+
 build_kube() {
   local v=$1 components=$2 minor major=1 ldflags k missing="" c
   minor=${v#v1.}; minor=${minor%%.*}
@@ -145,7 +161,8 @@ ln -sfn "kubectl-$newest" bin/kubectl
 # The container runtime of real worker nodes, after what the API-server
 # tests need.
 build_containerd
+build_coredns
 if [[ ${1:-} != --only-newest ]]; then
   for v in "${versions[@]}"; do [[ $v == "$newest" ]] || build_kube "$v" "$control_plane $node"; done
 fi
-log "bin/ is ready: etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, kubernetes $KUBE_VERSIONS"
+log "bin/ is ready: etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, coredns $COREDNS_VERSION, kubernetes $KUBE_VERSIONS"

@@ -3,6 +3,8 @@
 #   tools/etcd/            a tiny main around etcdmain, at ETCD_VERSION
 #   tools/kube-<version>/  k8s.io/kubernetes at <version>, every staging module
 #                          replaced by its published k8s.io/* module (v0.<minor>.<patch>)
+#   tools/coredns/         a tiny main around CoreDNS's coremain and the
+#                          plugins marina's Corefile uses, at COREDNS_VERSION
 #   tools/containerd/      containerd's own module at CONTAINERD_VERSION (its
 #                          daemon, runc shim and ctr are built by import path)
 # Run it after changing tools/versions.env and commit the result: go.sum pins
@@ -30,6 +32,44 @@ GO
   rm -f etcd/go.mod etcd/go.sum
   (cd etcd && go mod init marina.dev/tools/etcd >/dev/null 2>&1 &&
     go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" && go mod tidy)
+}
+
+# pin_coredns writes a CoreDNS with only the plugins of marina's Corefile
+# (internal/addons), in CoreDNS's own order (core/dnsserver/zdirectives.go):
+# the whole of CoreDNS is twice the size, and every real node imports it.
+pin_coredns() {
+  mkdir -p coredns
+  cat > coredns/main.go <<'GO'
+// Command coredns is CoreDNS built from its published Go module at the
+// version pinned in tools/versions.env, with the plugins marina's Corefile
+// uses (internal/addons) and no others.
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/loadbalance"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/metrics"
+	_ "github.com/coredns/coredns/plugin/ready"
+	_ "github.com/coredns/coredns/plugin/reload"
+)
+
+// The plugins run in this order whatever the Corefile's, as in CoreDNS.
+func init() {
+	dnsserver.Directives = []string{"reload", "ready", "health", "prometheus", "errors", "log", "loadbalance", "cache", "kubernetes"}
+}
+
+func main() { coremain.Run() }
+GO
+  rm -f coredns/go.mod coredns/go.sum
+  (cd coredns && go mod init marina.dev/tools/coredns >/dev/null 2>&1 &&
+    go get "github.com/coredns/coredns@${COREDNS_VERSION}" && go mod tidy)
 }
 
 pin_kube() {
@@ -79,5 +119,6 @@ pin_containerd() {
 }
 
 pin_etcd
+pin_coredns
 pin_containerd
 for v in $KUBE_VERSIONS; do pin_kube "$v"; done

@@ -18,6 +18,8 @@ type Versions struct {
 	// Containerd is the containerd release real worker nodes run, e.g.
 	// "v2.3.7".
 	Containerd string
+	// CoreDNS is the cluster DNS addon's release, e.g. "v1.14.6".
+	CoreDNS string
 	// Kube are the Kubernetes releases, oldest first, e.g. ["v1.36.3", "v1.37.2"].
 	Kube []string
 }
@@ -40,6 +42,8 @@ func Pinned() Versions {
 			v.Etcd = value
 		case "CONTAINERD_VERSION":
 			v.Containerd = value
+		case "COREDNS_VERSION":
+			v.CoreDNS = value
 		case "KUBE_VERSIONS":
 			v.Kube = strings.Fields(value)
 		}

@@ -105,7 +105,7 @@ func (in *input) apiServerFlags() []flag {
 		etcdServers = strings.Join(x.Endpoints, ",")
 	}
 	return []flag{
-		{"advertise-address", in.ip.String()},
+		{"advertise-address", in.advertise.String()},
 		{"bind-address", in.ip.String()},
 		{"secure-port", strconv.Itoa(in.ports.APIServer)},
 		{"tls-cert-file", in.path(APIServerCert)},
@@ -138,19 +138,21 @@ func (in *input) apiServerFlags() []flag {
 		{"service-account-signing-key-file", in.path(ServiceAccountKey)},
 		{"service-cluster-ip-range", joinPrefixes(in.services)},
 		// The kubernetes Service's endpoints are the API servers'
-		// advertised addresses, and the API refuses loopback ones (on the
-		// local provider, every machine's address is): with the default
-		// reconciler each API server would fail to write them, forever.
-		// Nothing in a local cluster routes to that Service.
+		// advertised addresses, and the API refuses loopback ones: with
+		// the default reconciler an API server advertising one would fail
+		// to write them, forever.
 		{"endpoint-reconciler-type", in.endpointReconciler()},
 	}
 }
 
 // endpointReconciler is lease (kubeadm's default, for several API servers)
-// unless the machine's address is one the kubernetes Service's endpoints
-// cannot hold.
+// unless the advertised address is one the kubernetes Service's endpoints
+// cannot hold. Several API servers advertising one address (the local
+// provider's) share one lease: the Service keeps that one endpoint while
+// any of them runs, but loses it for up to a reconcile interval (10 s)
+// after the one that wrote it last stops.
 func (in *input) endpointReconciler() string {
-	if in.ip.IsLoopback() {
+	if in.advertise.IsLoopback() {
 		return "none"
 	}
 	return "lease"

@@ -97,6 +97,11 @@ type Machine struct {
 	// IP is the machine's own address; every component listens on it and
 	// nowhere else (on the local provider, 127.x.y.z, one per machine).
 	IP net.IP
+	// AdvertiseAddress is what the API server advertises as the kubernetes
+	// Service's endpoint; nil: IP. The local provider's machines have
+	// loopback addresses, which that Service cannot hold and no pod
+	// reaches: it gives the address its real workers relay from.
+	AdvertiseAddress net.IP
 	// Endpoint is host:port of the control-plane endpoint, the load
 	// balancer in front of every API server of the cluster; it may be the
 	// machine's own API server address.
@@ -295,6 +300,7 @@ type input struct {
 	*Machine
 	ports        Ports
 	ip           netip.Addr
+	advertise    netip.Addr
 	endpointHost string
 	pods         []netip.Prefix
 	services     []netip.Prefix
@@ -327,6 +333,14 @@ func resolve(m *Machine) (*input, error) {
 		fail("the machine's address %q is not a single IP address", m.IP)
 	}
 	in.ip = ip.Unmap()
+	in.advertise = in.ip
+	if m.AdvertiseAddress != nil {
+		a, ok := netip.AddrFromSlice(m.AdvertiseAddress)
+		if !ok || a.IsUnspecified() || a.IsLoopback() {
+			fail("the advertised address %q is not a single IP address other pods can reach", m.AdvertiseAddress)
+		}
+		in.advertise = a.Unmap()
+	}
 	host, port, err := net.SplitHostPort(m.Endpoint)
 	if err != nil || host == "" {
 		fail("the control-plane endpoint %q is not host:port", m.Endpoint)

@@ -394,6 +394,22 @@ func TestFlagsOfTheComponents(t *testing.T) {
 		}
 	}
 
+	// A loopback machine given an address to advertise (the local
+	// provider's real workers relay from it) puts that one in the
+	// kubernetes Service's endpoints, and listens on its own.
+	m.AdvertiseAddress = net.ParseIP("10.231.255.254")
+	api := mustBundle(t, m).Manifests[bootstrap.APIServer]
+	for name, want := range map[string]string{"advertise-address": "10.231.255.254", "bind-address": "127.0.4.2", "endpoint-reconciler-type": "lease"} {
+		if got := flag(t, api, name); got != want {
+			t.Errorf("with an advertised address, --%s = %s, want %s", name, got, want)
+		}
+	}
+	m.AdvertiseAddress = net.ParseIP("127.0.0.9")
+	if _, err := bootstrap.ControlPlane(m, time.Now()); err == nil || !strings.Contains(err.Error(), "advertised address") {
+		t.Errorf("a loopback advertised address: err = %v, want one naming the advertised address", err)
+	}
+	m.AdvertiseAddress = nil
+
 	// A machine with a routable address keeps the kubernetes Service's
 	// endpoints reconciled.
 	m.IP = net.ParseIP("10.0.0.5")

@@ -1,6 +1,10 @@
 package image
 
-import "time"
+import (
+	"time"
+
+	"marina.dev/marina/tools"
+)
 
 // The images a real worker node imports into its containerd (make images
 // writes them as bin/images/<Name>.tar), so that a pod starts without a
@@ -19,12 +23,20 @@ const (
 	HelloImage = "marina.local/hello:v1"
 )
 
+// CoreDNSImage is the cluster DNS addon's image (internal/addons), under
+// the name kubeadm gives it, of the CoreDNS make setup builds.
+var CoreDNSImage = "registry.k8s.io/coredns/coredns:" + tools.Pinned().CoreDNS
+
 // NodeImage is one image of a real node, built from the Go program
-// marina.dev/marina/tools/images/<Name>.
+// marina.dev/marina/tools/images/<Name>, or of a binary make setup built.
 type NodeImage struct {
 	// Name is the program's directory under tools/images and the
 	// tarball's name.
 	Name string
+	// Built, when set, is the binary's name in bin/ (make setup builds it
+	// from a pinned module): the image holds it instead of a program of
+	// tools/images.
+	Built string
 	// Entrypoint is the program's path in the image.
 	Entrypoint string
 	// User is the "uid:gid" the image runs as.
@@ -41,6 +53,9 @@ var NodeImages = []NodeImage{
 	{Name: "pause", Entrypoint: "/pause", User: "65535:65535", Version: "3.10.2", Tags: []string{SandboxImage, LocalSandboxImage}},
 	// The nonroot user of marina's image; 8080 needs no privilege.
 	{Name: "hello", Entrypoint: "/hello", User: "65532:65532", Version: "v1", Tags: []string{HelloImage}},
+	// Not root: its pods bind port 53 with the safe sysctl
+	// net.ipv4.ip_unprivileged_port_start instead of a capability.
+	{Name: "coredns", Built: "coredns-" + tools.Pinned().CoreDNS, Entrypoint: "/coredns", User: "65532:65532", Version: tools.Pinned().CoreDNS, Tags: []string{CoreDNSImage}},
 }
 
 // Options returns what BuildBinary needs to build the image from binary.

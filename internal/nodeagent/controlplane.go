@@ -103,6 +103,7 @@ func startControlPlane(ctx context.Context, dir string, b *sandbox.Bootstrap, cf
 		PKI:               set,
 		Name:              b.NodeName,
 		IP:                ip,
+		AdvertiseAddress:  net.ParseIP(b.AdvertiseAddress), // nil when empty
 		Endpoint:          cfg.Endpoint,
 		Network:           cfg.Network,
 		Version:           cfg.Version,

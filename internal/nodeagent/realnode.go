@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/cgroups"
 	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/manifest"
@@ -109,6 +111,17 @@ func startRealNode(ctx context.Context, dir string, b *sandbox.Bootstrap, kubele
 		return nil, fmt.Errorf("opening the API relay in the machine's network namespace: %w", err)
 	}
 	go relay(ctx, ln, server.Host)
+	if r.APIAddress != "" {
+		// The pods' way in: kube-proxy translates the kubernetes Service
+		// to the API servers' advertised address and port (the local
+		// provider's control planes listen on bootstrap's default port).
+		addr := net.JoinHostPort(r.APIAddress, strconv.Itoa(bootstrap.DefaultAPIServerPort))
+		ln, err := listenIn(r.NetNS, addr)
+		if err != nil {
+			return nil, fmt.Errorf("opening the pods' API relay at %s in the machine's network namespace: %w", addr, err)
+		}
+		go relay(ctx, ln, server.Host)
+	}
 
 	n := &realNode{dir: dir, boot: b, sup: components.New(dir, components.Options{StopGrace: 5 * time.Second}), done: make(chan struct{}), log: log}
 	if err := n.writeConfig(server.Hostname()); err != nil {

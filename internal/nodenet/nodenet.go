@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -35,6 +36,24 @@ type Machine struct {
 	// Address is its address on the bridge's network, with the network's
 	// prefix length.
 	Address netip.Prefix
+	// APIAddress, when valid, is put on the namespace's loopback device:
+	// the address the kubernetes Service's endpoints carry (see
+	// APIAddress), served in every machine by its own relay.
+	APIAddress netip.Addr
+}
+
+// APIAddress is the address a network's machines reach their cluster's
+// API servers at from inside (the kubernetes Service's endpoints): the
+// last address before the network's broadcast, which no machine is given.
+// Every machine holds it itself, on its loopback device, so a pod's
+// connection to the Service, translated by kube-proxy to it, ends in the
+// pod's own machine, whose agent relays it to the cluster's endpoint (a
+// loopback address of the management host that no namespace reaches).
+func APIAddress(network netip.Prefix) netip.Addr {
+	a := network.Masked().Addr().As4()
+	n := binary.BigEndian.Uint32(a[:]) | (1<<(32-network.Bits()) - 1) // the broadcast
+	binary.BigEndian.PutUint32(a[:], n-1)
+	return netip.AddrFrom4(a)
 }
 
 // ForMachine names the network namespace and veth of the machine with the
@@ -106,6 +125,14 @@ func Ensure(ctx context.Context, b Bridge, m Machine) error {
 	if !hasAddress(ctx, m.NetNS, "eth0", m.Address) {
 		if err := ip(ctx, m.NetNS, "addr", "add", m.Address.String(), "dev", "eth0"); err != nil && !hasAddress(ctx, m.NetNS, "eth0", m.Address) {
 			return fmt.Errorf("giving %s the address %s: %w", m.NetNS, m.Address, err)
+		}
+	}
+	if a := m.APIAddress; a.IsValid() {
+		p := netip.PrefixFrom(a, a.BitLen())
+		if !hasAddress(ctx, m.NetNS, "lo", p) {
+			if err := ip(ctx, m.NetNS, "addr", "add", p.String(), "dev", "lo"); err != nil && !hasAddress(ctx, m.NetNS, "lo", p) {
+				return fmt.Errorf("giving %s the API address %s: %w", m.NetNS, a, err)
+			}
 		}
 	}
 	if err := ip(ctx, m.NetNS, "route", "replace", "default", "via", b.Gateway.Addr().String(), "dev", "eth0"); err != nil {

@@ -22,6 +22,9 @@ func TestEnsureAndRemove(t *testing.T) {
 		ForMachine(fmt.Sprintf("test-a-%d", os.Getpid()), netip.MustParsePrefix("10.232.0.11/16")),
 		ForMachine(fmt.Sprintf("test-b-%d", os.Getpid()), netip.MustParsePrefix("10.232.0.12/16")),
 	}
+	for i := range machines {
+		machines[i].APIAddress = APIAddress(b.Gateway)
+	}
 	t.Cleanup(func() {
 		for _, m := range machines {
 			_ = Remove(ctx, m)
@@ -42,6 +45,10 @@ func TestEnsureAndRemove(t *testing.T) {
 		out, err := ipOutput(ctx, m.NetNS, "-o", "addr", "show", "dev", "eth0")
 		if err != nil || strings.Count(string(out), " inet ") != 1 || !strings.Contains(string(out), m.Address.String()) {
 			t.Errorf("%s: eth0 has %q (%v), want the one address %s", m.NetNS, out, err, m.Address)
+		}
+		out, err = ipOutput(ctx, m.NetNS, "-o", "addr", "show", "dev", "lo")
+		if err != nil || !strings.Contains(string(out), " 10.232.255.254/32 ") {
+			t.Errorf("%s: lo has %q (%v), want the API address 10.232.255.254/32", m.NetNS, out, err)
 		}
 		out, err = ipOutput(ctx, m.NetNS, "route", "show", "default")
 		if err != nil || !strings.Contains(string(out), "via 10.232.0.1 dev eth0") {
@@ -68,5 +75,18 @@ func TestEnsureAndRemove(t *testing.T) {
 	}
 	if err := RemoveBridge(ctx, b.Name); err != nil || linkExists(ctx, "", b.Name) {
 		t.Errorf("bridge %s not removed (%v)", b.Name, err)
+	}
+}
+
+func TestAPIAddress(t *testing.T) {
+	for network, want := range map[string]string{
+		"10.231.0.0/16":  "10.231.255.254",
+		"10.231.7.9/16":  "10.231.255.254", // host bits ignored
+		"192.168.4.0/24": "192.168.4.254",
+		"10.0.0.0/8":     "10.255.255.254",
+	} {
+		if got := APIAddress(netip.MustParsePrefix(network)); got.String() != want {
+			t.Errorf("APIAddress(%s) = %s, want %s", network, got, want)
+		}
 	}
 }

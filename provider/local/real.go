@@ -161,6 +161,7 @@ func (p *Provider) realBootstrap(uid types.UID, addr string, maxPods int) *sandb
 		CNIBinDir:         o.CNIBinDir,
 		ImagesDir:         o.ImagesDir,
 		MaxPods:           maxPods,
+		APIAddress:        nodenet.APIAddress(o.Network).String(),
 	}
 }
 
@@ -178,7 +179,9 @@ func (p *Provider) ensureNetwork(ctx context.Context, uid types.UID, b *sandbox.
 	if err := nodenet.EnsureBridge(ctx, o.bridge()); err != nil {
 		return err
 	}
-	return nodenet.Ensure(ctx, o.bridge(), namesFor(uid, netip.PrefixFrom(addr, o.Network.Bits())).net)
+	m := namesFor(uid, netip.PrefixFrom(addr, o.Network.Bits())).net
+	m.APIAddress = nodenet.APIAddress(o.Network)
+	return nodenet.Ensure(ctx, o.bridge(), m)
 }
 
 // removeReal removes what a real machine of uid made on the host, once
@@ -244,13 +247,14 @@ func (p *Provider) removeIdleBridge(ctx context.Context) error {
 }
 
 // realAddressSpace is the number of machine addresses in network: all
-// but the network's own, the bridge's (the first) and the broadcast.
+// but the network's own, the bridge's (the first), the API address (the
+// last, nodenet.APIAddress) and the broadcast.
 func realAddressSpace(network netip.Prefix) uint64 {
 	bits := 32 - network.Bits()
 	if bits < 2 || bits > 24 {
 		return 0
 	}
-	return 1<<bits - 3
+	return 1<<bits - 4
 }
 
 // pickRealAddress derives a real machine's address in network from its

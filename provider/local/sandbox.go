@@ -16,6 +16,7 @@ import (
 
 	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/nodeagent/sandbox"
+	"marina.dev/marina/internal/nodenet"
 	"marina.dev/marina/provider"
 )
 
@@ -92,6 +93,9 @@ func (p *Provider) build(req *provider.Request, m *LocalMachine) (*sandbox.Boots
 	}
 	if doc := req.Bootstrap.ControlPlane; doc != nil {
 		b.BinDir = p.binDir
+		// Pods of real workers reach the API servers there (the
+		// kubernetes Service), through their own machine's relay.
+		b.AdvertiseAddress = nodenet.APIAddress(p.opts.Real.Network).String()
 		if err := files.WriteAtomic(filepath.Join(tmp, sandbox.ControlPlaneFile), doc, 0o600); err != nil {
 			_ = os.RemoveAll(tmp)
 			return nil, err

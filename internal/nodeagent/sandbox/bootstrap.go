@@ -71,6 +71,11 @@ type Bootstrap struct {
 	// KubeletConfigName is the ConfigMap the kubelet configuration in
 	// KubeletConfigFile came from; empty: the kubelet's defaults.
 	KubeletConfigName string `json:"kubeletConfigName,omitempty"`
+	// AdvertiseAddress, on a control-plane machine, is the address its API
+	// server advertises as the kubernetes Service's endpoint when that is
+	// not its own: on the local provider, whose machines' addresses are
+	// loopback ones, the real machines' API address. Empty: its own.
+	AdvertiseAddress string `json:"advertiseAddress,omitempty"`
 	// Real, on a worker whose kubelet is real (issue 32), is what the
 	// machine runs on; nil: the agent plays the kubelet.
 	Real *RealNode `json:"real,omitempty"`
@@ -103,6 +108,11 @@ type RealNode struct {
 	ImagesDir string `json:"imagesDir,omitempty"`
 	// MaxPods is the kubelet's maxPods.
 	MaxPods int `json:"maxPods"`
+	// APIAddress is the address, on the namespace's loopback device, where
+	// the agent relays to the cluster's endpoint for the pods: the
+	// kubernetes Service's endpoints (the control plane's
+	// Bootstrap.AdvertiseAddress); empty: no relay for pods.
+	APIAddress string `json:"apiAddress,omitempty"`
 }
 
 // ReadBootstrap reads dir's bootstrap document. Its error wraps

@@ -1,6 +1,7 @@
 // Command build builds the images a real worker node imports into its
 // containerd (image.NodeImages: the pause image of pod sandboxes and the
-// hello test server) without a container daemon, and writes each as
+// hello test server, and CoreDNS as make setup built it) without a
+// container daemon, and writes each as
 // <out>/<name>.tar, which `ctr -n k8s.io images import` reads (make
 // images). Every program is compiled static for linux/<arch>; with
 // $SOURCE_DATE_EPOCH set, the images' digests depend only on the sources.
@@ -29,6 +30,7 @@ func main() {
 
 func run() error {
 	out := flag.String("out", "", "directory to write <name>.tar (and the binary <name>) into")
+	binDir := flag.String("bin", "bin", "directory of the binaries make setup built (an image's Built)")
 	arch := flag.String("arch", runtime.GOARCH, "GOARCH of the images")
 	flag.Parse()
 	if *out == "" {
@@ -42,23 +44,35 @@ func run() error {
 		return err
 	}
 	for _, n := range image.NodeImages {
-		if err := build(n, *out, *arch, created); err != nil {
+		if err := build(n, *out, *binDir, *arch, created); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func build(n image.NodeImage, out, arch string, created time.Time) error {
+func build(n image.NodeImage, out, binDir, arch string, created time.Time) error {
 	bin := filepath.Join(out, n.Name)
-	// -trimpath and -buildvcs=false: the binary, and so the digest, must
-	// not depend on where the clone is or whether its tree is clean.
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", bin,
-		"marina.dev/marina/tools/images/"+n.Name)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("building the %s program: %w", n.Name, err)
+	if n.Built != "" {
+		// Built for this host by make setup.
+		if arch != runtime.GOARCH {
+			return fmt.Errorf("the %s image holds %s, built for %s, not %s", n.Name, n.Built, runtime.GOARCH, arch)
+		}
+		bin = filepath.Join(binDir, n.Built)
+		if _, err := os.Stat(bin); err != nil {
+			return fmt.Errorf("the %s image needs %s: run make setup first: %w", n.Name, bin, err)
+		}
+	} else {
+		// -trimpath and -buildvcs=false: the binary, and so the digest,
+		// must not depend on where the clone is or whether its tree is
+		// clean.
+		cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", bin,
+			"marina.dev/marina/tools/images/"+n.Name)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("building the %s program: %w", n.Name, err)
+		}
 	}
 	img, err := image.BuildBinary(n.Options(bin, arch, created))
 	if err != nil {
