@@ -188,6 +188,12 @@ type Bootstrap struct {
 	// It is secret: providers store it with mode 0600 and never log it.
 	// Empty on a control-plane machine, which makes its own credential.
 	Token string
+	// ClusterDNS is the cluster DNS Service's address (the kubelet's
+	// clusterDNS) and ClusterDomain the cluster's DNS domain; empty when
+	// the cluster has no DNS of marina's (a control plane run by someone
+	// else).
+	ClusterDNS    string
+	ClusterDomain string
 	// ControlPlane is set, instead of Server, CAData and Token, for a
 	// machine with the ControlPlane role: a document the machine's agent
 	// reads to make its certificates and run etcd, kube-apiserver,

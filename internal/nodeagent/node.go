@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
+
+	"marina.dev/marina/internal/addons"
 )
 
 // fieldManager names the agent in managedFields.
@@ -125,6 +127,8 @@ func (a *agent) labels() map[string]string {
 		"kubernetes.io/os": "linux",
 		// The architecture of the host: the pods are simulated anyway.
 		"kubernetes.io/arch": runtime.GOARCH,
+		// Pods that must really run (the cluster DNS) are kept off.
+		addons.SimulatedLabel: "true",
 	}
 	for k, v := range a.boot.Labels {
 		// Every agent holds a node's credential and is held by

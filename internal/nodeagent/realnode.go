@@ -71,8 +71,10 @@ type realNode struct {
 	done chan struct{}
 	log  klog.Logger
 
-	mu      sync.Mutex
-	kubelet string // the version the kubelet manifest runs
+	mu       sync.Mutex
+	kubelet  string // the version the kubelet manifest runs
+	want     string // the version it is to run
+	imported bool   // the images are in: the kubelet may start
 }
 
 // startRealNode puts the agent in the machine's cgroup, starts the relay
@@ -139,26 +141,58 @@ func startRealNode(ctx context.Context, dir string, b *sandbox.Bootstrap, kubele
 			log.Error(err, "Component supervisor failed")
 		}
 	}()
-	go n.importImages(ctx)
-	log.Info("Started the real node's runtime and kubelet", "kubelet", kubeletVersion, "containerd", r.ContainerdVersion, "netns", r.NetNS)
+	go func() {
+		// The kubelet starts once the images are in: a pod the scheduler
+		// put on the Node before would be pulled from a registry, which
+		// nothing here reaches (a CoreDNS pod waited minutes on one).
+		if n.importImages(ctx) {
+			n.startKubelet()
+		}
+	}()
+	log.Info("Started the real node's runtime; its kubelet starts once the images are in", "kubelet", kubeletVersion, "containerd", r.ContainerdVersion, "netns", r.NetNS)
 	return n, nil
 }
 
 // setKubelet makes the kubelet's manifest run version v (an InPlace
-// upgrade moves it; the supervisor restarts the kubelet alone).
+// upgrade moves it; the supervisor restarts the kubelet alone), once the
+// images are imported (startKubelet).
 func (n *realNode) setKubelet(v string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if v == n.kubelet {
-		return nil
-	}
-	bin := filepath.Join(n.boot.BinDir, "kubelet-"+v)
-	proxy := filepath.Join(n.boot.BinDir, "kube-proxy-"+v)
-	for _, b := range []string{bin, proxy} {
+	for _, b := range []string{n.binary("kubelet", v), n.binary("kube-proxy", v)} {
 		if _, err := os.Stat(b); err != nil {
 			return fmt.Errorf("%s was not built here: run make setup with version %s", b, v)
 		}
 	}
+	n.want = v
+	if !n.imported {
+		return nil
+	}
+	return n.writeKubelet()
+}
+
+// startKubelet writes the manifests of the kubelet version last set.
+func (n *realNode) startKubelet() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.imported = true
+	if err := n.writeKubelet(); err != nil {
+		n.log.Error(err, "Starting the kubelet failed")
+	}
+}
+
+func (n *realNode) binary(component, version string) string {
+	return filepath.Join(n.boot.BinDir, component+"-"+version)
+}
+
+// writeKubelet writes the manifests of the kubelet and kube-proxy of
+// n.want; called under n.mu.
+func (n *realNode) writeKubelet() error {
+	v := n.want
+	if v == n.kubelet {
+		return nil
+	}
+	bin, proxy := n.binary("kubelet", v), n.binary("kube-proxy", v)
 	// kube-proxy moves with the kubelet, after it, as kubeadm upgrades
 	// its DaemonSet after the control plane: both are the node's.
 	if err := manifest.Write(n.dir, "kubelet", n.kubeletManifest(v, bin)); err != nil {
@@ -295,6 +329,10 @@ current-context: node
 	if err := files.WriteAtomic(resolv, []byte("# no upstream DNS is reachable from marina's machines\n"), 0o644); err != nil {
 		return err
 	}
+	domain := b.ClusterDomain
+	if domain == "" {
+		domain = "cluster.local"
+	}
 	cfg := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
@@ -320,7 +358,7 @@ current-context: node
 		"cgroupRoot":         b.Real.Cgroup,
 		"failSwapOn":         false,
 		"resolvConf":         resolv,
-		"clusterDomain":      "cluster.local",
+		"clusterDomain":      domain,
 		"registerWithTaints": taints,
 		"rotateCertificates": false,
 		// The agent renews the node's certificate; the serving one the
@@ -332,6 +370,9 @@ current-context: node
 		"imageGCHighThresholdPercent":   100,
 		"imageGCLowThresholdPercent":    99,
 		"localStorageCapacityIsolation": false,
+	}
+	if b.ClusterDNS != "" {
+		cfg["clusterDNS"] = []string{b.ClusterDNS}
 	}
 	data, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
@@ -450,39 +491,49 @@ func (n *realNode) writeCNI(podCIDR string) error {
 }
 
 // importImages imports the image tarballs of ImagesDir into containerd
-// once it answers, retrying until each is in or ctx ends: the pause image
-// must be there before the first pod can start.
-func (n *realNode) importImages(ctx context.Context) {
+// once it answers, retrying until each is in or ctx ends (false): the
+// pause image must be there before the first pod can start.
+func (n *realNode) importImages(ctx context.Context) bool {
 	if n.boot.Real.ImagesDir == "" {
-		return
+		return true
 	}
 	tars, _ := filepath.Glob(filepath.Join(n.boot.Real.ImagesDir, "*.tar"))
 	if len(tars) == 0 {
 		n.log.Error(nil, "No image tarballs to import: pods cannot start without the pause image (make images)", "dir", n.boot.Real.ImagesDir)
 	}
+	// Smallest first: the pause image every pod needs first.
+	size := func(path string) int64 {
+		if fi, err := os.Stat(path); err == nil {
+			return fi.Size()
+		}
+		return 0
+	}
+	sort.SliceStable(tars, func(i, j int) bool { return size(tars[i]) < size(tars[j]) })
 	ctr := filepath.Join(n.boot.BinDir, "ctr-"+n.boot.Real.ContainerdVersion)
 	for _, tar := range tars {
+		start := time.Now()
 		delay := 200 * time.Millisecond
 		for {
 			out, err := exec.CommandContext(ctx, ctr, "--address", n.socket(), "--namespace", "k8s.io", "images", "import", "--no-unpack=false", tar).CombinedOutput()
 			if err == nil {
-				n.log.Info("Imported image", "tarball", filepath.Base(tar))
+				n.log.Info("Imported image", "tarball", filepath.Base(tar), "seconds", time.Since(start).Seconds())
 				break
 			}
 			if ctx.Err() != nil {
-				return
+				return false
 			}
 			if delay >= 5*time.Second {
 				n.log.Error(err, "Importing an image failed, retrying", "tarball", tar, "output", strings.TrimSpace(string(out)))
 			}
 			select {
 			case <-ctx.Done():
-				return
+				return false
 			case <-time.After(delay):
 			}
 			delay = min(2*delay, 10*time.Second)
 		}
 	}
+	return true
 }
 
 // listenIn opens a TCP listener at addr inside the network namespace

@@ -189,6 +189,8 @@ func bootstrapFor(req *provider.Request, m *LocalMachine, addr string) *sandbox.
 		Server:                  req.Bootstrap.Server,
 		CAPEM:                   string(req.Bootstrap.CAData),
 		Token:                   req.Bootstrap.Token,
+		ClusterDNS:              req.Bootstrap.ClusterDNS,
+		ClusterDomain:           req.Bootstrap.ClusterDomain,
 		NodeName:                req.Name,
 		ProviderID:              ProviderID(req.UID),
 		Address:                 addr,

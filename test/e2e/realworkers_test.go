@@ -28,7 +28,8 @@ import (
 // marina up make three Nodes whose kubelet, containerd and kube-proxy are
 // real. A Deployment of three replicas of the locally built hello image
 // spreads over them; from a pod on one Node the others answer by pod IP
-// and through their Service's ClusterIP, the NodePort answers from the
+// and through their Service's ClusterIP and DNS names (CoreDNS, which
+// reads the API through the kubernetes Service), the NodePort answers from the
 // management host, and kubectl logs, exec and port-forward work. Each
 // answer's content names the pod that gave it. Deleting the cluster
 // leaves no container, mount, network namespace, veth or cgroup.
@@ -132,6 +133,45 @@ func TestRealWorkersRunPods(t *testing.T) {
 		}
 		return nil
 	})
+	// The cluster DNS: CoreDNS runs on real Nodes only, and is Ready
+	// once it has read the cluster's Services, so the pods' way to the
+	// API servers (the kubernetes Service) works; from a pod, the Service
+	// answers by its DNS names.
+	testenv.Eventually(t, 2*time.Minute, "CoreDNS Available with 2 pods on real Nodes", func() error {
+		list, err := workload.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-dns"})
+		if err != nil {
+			return err
+		}
+		isReal := map[string]bool{}
+		for _, n := range real {
+			isReal[n.Name] = true
+		}
+		ready := 0
+		for _, p := range list.Items {
+			if p.Spec.NodeName != "" && !isReal[p.Spec.NodeName] {
+				return fmt.Errorf("CoreDNS pod %s is on %s, not a real Node", p.Name, p.Spec.NodeName)
+			}
+			if podReady(&p) {
+				ready++
+			}
+		}
+		if ready != 2 {
+			return fmt.Errorf("%d of %d CoreDNS pods ready", ready, len(list.Items))
+		}
+		return nil
+	})
+	for _, host := range []string{"hello.default.svc.cluster.local", "hello"} {
+		testenv.Eventually(t, time.Minute, "the Service answers as "+host+" from a pod", func() error {
+			out, err := kubectl("exec", a.Name, "--", "/hello", "-get", "http://"+host+"/")
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			if from := helloFrom(out); !names[from] {
+				return fmt.Errorf("answer %q is from none of the pods %v", out, names)
+			}
+			return nil
+		})
+	}
 	// The NodePort from the management host, on every real Node.
 	nodePort := svc.Spec.Ports[0].NodePort
 	for _, n := range real {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +22,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
+	"marina.dev/marina/internal/addons"
+	"marina.dev/marina/internal/bootstrap"
 	"marina.dev/marina/internal/bootstraptoken"
+	"marina.dev/marina/internal/image"
 	"marina.dev/marina/internal/nodecsr"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/provider"
@@ -93,15 +97,64 @@ func (r *Reconciler) bootstrapFor(ctx context.Context, m *clusterv1.Machine, t s
 // kube-controller-manager signs it, as any conformant cluster's does;
 // marina adds the bindings that let bootstrap tokens ask.
 func (r *Reconciler) bootstrapToken(ctx context.Context, m *clusterv1.Machine, cl *remote.Cluster) (provider.Bootstrap, error) {
-	if err := r.bootstrapRBAC.ensure(ctx, cl, bootstraptoken.EnsureRBAC); err != nil {
-		return provider.Bootstrap{}, fmt.Errorf("allowing TLS bootstrap in the workload cluster: %w", err)
+	dns, err := r.clusterDNS(ctx, m)
+	if err != nil {
+		return provider.Bootstrap{}, err
+	}
+	if err := r.bootstrapRBAC.ensure(ctx, cl, func(ctx context.Context, cs kubernetes.Interface) error {
+		if err := bootstraptoken.EnsureRBAC(ctx, cs); err != nil {
+			return err
+		}
+		if dns == nil {
+			return nil
+		}
+		return addons.EnsureDNS(ctx, cs, *dns)
+	}); err != nil {
+		return provider.Bootstrap{}, fmt.Errorf("allowing TLS bootstrap and installing the addons in the workload cluster: %w", err)
 	}
 	token, err := bootstraptoken.Ensure(ctx, cl.Clientset, clusterv1.InstanceKey(m), bootstraptoken.DefaultTTL, time.Now())
 	if err != nil {
 		r.bootstrapRBAC.forget(cl)
 		return provider.Bootstrap{}, err
 	}
-	return provider.Bootstrap{Server: cl.Config.Host, CAData: cl.Config.CAData, Token: token}, nil
+	b := provider.Bootstrap{Server: cl.Config.Host, CAData: cl.Config.CAData, Token: token}
+	if dns != nil {
+		b.ClusterDNS, b.ClusterDomain = dns.ServiceIP.String(), dns.Domain
+	}
+	return b, nil
+}
+
+// clusterDNS is the DNS marina gives the machine's cluster, as kubeadm
+// does, or nil for a cluster whose control plane someone else runs (its
+// DNS is theirs) or that has no Cluster object.
+func (r *Reconciler) clusterDNS(ctx context.Context, m *clusterv1.Machine) (*addons.DNS, error) {
+	cluster := &clusterv1.Cluster{}
+	if err := r.client.Get(ctx, clusterKey(m), cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil // only its kubeconfig Secret: not a cluster marina runs
+		}
+		return nil, fmt.Errorf("reading cluster %s: %w", m.Spec.ClusterName, err)
+	}
+	if cluster.Annotations[clusterv1.ExternalControlPlaneAnnotation] == "true" {
+		return nil, nil
+	}
+	n := cluster.Spec.ClusterNetwork
+	services, domain := bootstrap.DefaultServiceCIDR, bootstrap.DefaultDNSDomain
+	if len(n.Services) > 0 {
+		services = string(n.Services[0])
+	}
+	if n.DNSDomain != "" {
+		domain = n.DNSDomain
+	}
+	prefix, err := netip.ParsePrefix(services)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s's service network %q: %w", m.Spec.ClusterName, services, err)
+	}
+	ip, err := addons.DNSServiceIP(prefix)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", m.Spec.ClusterName, err)
+	}
+	return &addons.DNS{ServiceIP: ip, Domain: domain, Image: image.CoreDNSImage}, nil
 }
 
 // answerCertificateRequests approves the request for a node client

@@ -46,6 +46,11 @@ type Bootstrap struct {
 	CAPEM string `json:"caPEM"`
 	// Token is the bearer token the agent authenticates with. Secret.
 	Token string `json:"token"`
+	// ClusterDNS is the cluster DNS address and ClusterDomain the
+	// cluster's DNS domain, which a real kubelet gives its pods; empty:
+	// none (and the domain cluster.local).
+	ClusterDNS    string `json:"clusterDNS,omitempty"`
+	ClusterDomain string `json:"clusterDomain,omitempty"`
 	// NodeName is the name the agent registers its Node under.
 	NodeName string `json:"nodeName"`
 	// ProviderID is the Node's spec.providerID, e.g. local://<uid>.
