@@ -16,6 +16,9 @@ func TestPinnedVersionsParse(t *testing.T) {
 	if !semver.MatchString(v.Containerd) {
 		t.Errorf("containerd version %q is not vX.Y.Z", v.Containerd)
 	}
+	if !semver.MatchString(v.CoreDNS) {
+		t.Errorf("coredns version %q is not vX.Y.Z", v.CoreDNS)
+	}
 	if len(v.Kube) < 2 {
 		t.Fatalf("want at least two Kubernetes releases to upgrade between, got %v", v.Kube)
 	}
