@@ -59,19 +59,21 @@ install_bin() {
   ln -f "$cached" "bin/$name" 2>/dev/null || cp -f "$cached" "bin/$name"
 }
 
-build_etcd() {
-  local v=$ETCD_VERSION k out
-  k=$(key tools/etcd "")
-  out="$cache/etcd-$v-$k"
+# build_main builds the main package of tools/<name> (a tiny main around
+# a pinned module) into bin/<name>-<version>.
+build_main() {
+  local name=$1 v=$2 minutes=$3 k out
+  k=$(key "tools/$name" "")
+  out="$cache/$name-$v-$k"
   if [[ ! -x $out ]]; then
-    log "building etcd $v (about 5 min on 2 cores when the Go caches are cold)"
+    log "building $name $v (about $minutes min on 2 cores when the Go caches are cold)"
     local start=$SECONDS tmp
     tmp=$(mktemp -d "$cache/.build.XXXXXX")
-    (cd tools/etcd && go build -v -trimpath -ldflags "-s -w" -o "$tmp/etcd" . 2>&1) | progress "etcd $v"
-    mv "$tmp/etcd" "$out" && rmdir "$tmp"
-    log "built etcd $v in $((SECONDS - start))s"
+    (cd "tools/$name" && go build -v -trimpath -ldflags "-s -w" -o "$tmp/$name" . 2>&1) | progress "$name $v"
+    mv "$tmp/$name" "$out" && rmdir "$tmp"
+    log "built $name $v in $((SECONDS - start))s"
   fi
-  install_bin "$out" "etcd-$v"
+  install_bin "$out" "$name-$v"
 }
 
 # build_containerd builds containerd's daemon, its runc shim and ctr from
@@ -101,21 +103,6 @@ build_containerd() {
     log "built containerd $v in $((SECONDS - start))s"
   fi
   for c in $bins; do install_bin "$cache/$c-$v-$k" "$c-$v"; done
-}
-
-build_coredns() {
-  local v=$COREDNS_VERSION k out
-  k=$(key tools/coredns "")
-  out="$cache/coredns-$v-$k"
-  if [[ ! -x $out ]]; then
-    log "building coredns $v (about 4 min on 2 cores when the Go caches are cold)"
-    local start=$SECONDS tmp
-    tmp=$(mktemp -d "$cache/.build.XXXXXX")
-    (cd tools/coredns && go build -v -trimpath -ldflags "-s -w" -o "$tmp/coredns" . 2>&1) | progress "coredns $v"
-    mv "$tmp/coredns" "$out" && rmdir "$tmp"
-    log "built coredns $v in $((SECONDS - start))s"
-  fi
-  install_bin "$out" "coredns-$v"
 }
 
 build_kube() {
@@ -154,14 +141,14 @@ build_kube() {
 
 versions=($KUBE_VERSIONS)
 newest=${versions[-1]}
-build_etcd
+build_main etcd "$ETCD_VERSION" 5
 # The newest release first: the tests that need only an API server use it.
 build_kube "$newest" "$control_plane $node kubectl"
 ln -sfn "kubectl-$newest" bin/kubectl
 # The container runtime of real worker nodes, after what the API-server
 # tests need.
 build_containerd
-build_coredns
+build_main coredns "$COREDNS_VERSION" 4
 if [[ ${1:-} != --only-newest ]]; then
   for v in "${versions[@]}"; do [[ $v == "$newest" ]] || build_kube "$v" "$control_plane $node"; done
 fi

@@ -144,7 +144,8 @@ func startRealNode(ctx context.Context, dir string, b *sandbox.Bootstrap, kubele
 	go func() {
 		// The kubelet starts once the images are in: a pod the scheduler
 		// put on the Node before would be pulled from a registry, which
-		// nothing here reaches (a CoreDNS pod waited minutes on one).
+		// nothing here reaches (a CoreDNS pod was still waiting on one after
+		// two minutes).
 		if n.importImages(ctx) {
 			n.startKubelet()
 		}
