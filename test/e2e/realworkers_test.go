@@ -10,15 +10,22 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "marina.dev/marina/api/v1alpha1"
 
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/internal/testenv"
@@ -33,6 +40,10 @@ import (
 // management host, and kubectl logs, exec and port-forward work. Each
 // answer's content names the pod that gave it. Deleting the cluster
 // leaves no container, mount, network namespace, veth or cgroup.
+//
+// On the way, a worker's kubelet is killed (its pod keeps its container),
+// and a worker's Machine is deleted: its drain waits on the app's
+// PodDisruptionBudget, then evicts, and the pod runs again elsewhere.
 func TestRealWorkersRunPods(t *testing.T) {
 	t.Parallel()
 	requireRealWorkers(t)
@@ -190,6 +201,9 @@ func TestRealWorkersRunPods(t *testing.T) {
 	// port-forward, as a user reaches a pod from their machine.
 	checkPortForward(t, kubeconfig, u.repoRoot(t), pods[2].Name)
 
+	checkKubeletKillKeepsPods(t, ctx, workload, a)
+	checkDrainHonoursPDB(t, ctx, c, workload, b)
+
 	if out, err := u.kubectl(t, "delete", "cluster", "minimal"); err != nil {
 		t.Fatalf("kubectl delete cluster: %v\n%s", err, out)
 	}
@@ -198,6 +212,154 @@ func TestRealWorkersRunPods(t *testing.T) {
 			return fmt.Errorf("left on disk: %v", left)
 		}
 		return realLeftovers(root)
+	})
+}
+
+// checkKubeletKillKeepsPods kills pod's kubelet with SIGKILL: marina's
+// agent starts it again, and the pod is Ready again with the container it
+// had, never restarted (containers outlive their kubelet, as on any node).
+func checkKubeletKillKeepsPods(t *testing.T, ctx context.Context, cs kubernetes.Interface, pod corev1.Pod) {
+	t.Helper()
+	node := pod.Spec.NodeName
+	killed, err := kubeletPID(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	container := pod.Status.ContainerStatuses[0].ContainerID
+	if err := syscall.Kill(killed, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 the kubelet of %s (pid %d): %v", node, killed, err)
+	}
+	start := time.Now()
+	testenv.Eventually(t, time.Minute, "the kubelet of "+node+" running again", func() error {
+		pid, err := kubeletPID(node)
+		if err == nil && pid == killed {
+			return fmt.Errorf("pid %d is still the killed kubelet", pid)
+		}
+		return err
+	})
+	t.Logf("the kubelet of %s running again %.1fs after kill -9", node, time.Since(start).Seconds())
+	testenv.Eventually(t, time.Minute, "pod "+pod.Name+" Ready with its container after the kubelet's restart", func() error {
+		p, err := cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		st := p.Status.ContainerStatuses[0]
+		if p.UID != pod.UID || st.ContainerID != container || st.RestartCount != 0 {
+			return fmt.Errorf("pod uid %s container %s restarts %d: want uid %s, container %s, no restart", p.UID, st.ContainerID, st.RestartCount, pod.UID, container)
+		}
+		if !podReady(p) {
+			return fmt.Errorf("pod not Ready")
+		}
+		return nil
+	})
+}
+
+// kubeletPID finds the kubelet process of node on this host.
+func kubeletPID(node string) (int, error) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		data, err := os.ReadFile(f)
+		if err != nil || len(data) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+		if !strings.HasPrefix(filepath.Base(args[0]), "kubelet-") || !slices.Contains(args[1:], "--hostname-override="+node) {
+			continue
+		}
+		return strconv.Atoi(filepath.Base(filepath.Dir(f)))
+	}
+	return 0, fmt.Errorf("no kubelet process of node %s", node)
+}
+
+// checkDrainHonoursPDB deletes the Machine of pod's Node while the app's
+// PodDisruptionBudget allows no disruption: the Machine says its drain is
+// blocked and the pod keeps running. Once the budget allows one, the pod
+// is evicted, and the Deployment runs three pods again, none on the
+// drained Node, which goes with its Machine.
+func checkDrainHonoursPDB(t *testing.T, ctx context.Context, c client.Client, cs kubernetes.Interface, pod corev1.Pod) {
+	t.Helper()
+	node := pod.Spec.NodeName
+	setMaxUnavailable := func(n int) {
+		t.Helper()
+		patch := []byte(fmt.Sprintf(`{"spec":{"maxUnavailable":%d}}`, n))
+		if _, err := cs.PolicyV1().PodDisruptionBudgets(pod.Namespace).Patch(ctx, "hello", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatalf("setting the hello PodDisruptionBudget's maxUnavailable to %d: %v", n, err)
+		}
+	}
+	setMaxUnavailable(0)
+	testenv.Eventually(t, time.Minute, "the PodDisruptionBudget allows no disruption", func() error {
+		pdb, err := cs.PolicyV1().PodDisruptionBudgets(pod.Namespace).Get(ctx, "hello", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if pdb.Status.ObservedGeneration != pdb.Generation || pdb.Status.DisruptionsAllowed != 0 {
+			return fmt.Errorf("generation %d observed %d, %d disruptions allowed", pdb.Generation, pdb.Status.ObservedGeneration, pdb.Status.DisruptionsAllowed)
+		}
+		return nil
+	})
+	var list clusterv1.MachineList
+	if err := c.List(ctx, &list, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	var m *clusterv1.Machine
+	for i := range list.Items {
+		if ref := list.Items[i].Status.NodeRef; ref != nil && ref.Name == node {
+			m = &list.Items[i]
+		}
+	}
+	if m == nil {
+		t.Fatalf("no Machine has Node %s", node)
+	}
+	if err := c.Delete(ctx, m); err != nil {
+		t.Fatalf("deleting Machine %s: %v", m.Name, err)
+	}
+	testenv.Eventually(t, 2*time.Minute, "Machine "+m.Name+" says its drain is blocked", func() error {
+		var got clusterv1.Machine
+		if err := c.Get(ctx, client.ObjectKeyFromObject(m), &got); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, clusterv1.MachineDrainedCondition)
+		if cond == nil || cond.Reason != clusterv1.MachineDrainBlockedReason || !strings.Contains(cond.Message, pod.Namespace+"/"+pod.Name) {
+			return fmt.Errorf("Drained condition %+v: want %s naming %s", cond, clusterv1.MachineDrainBlockedReason, pod.Name)
+		}
+		return nil
+	})
+	if p, err := cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil || !podReady(p) {
+		t.Fatalf("pod %s under a budget that allows no disruption: err %v, want it Ready and not deleted", pod.Name, err)
+	}
+	setMaxUnavailable(1)
+	start := time.Now()
+	// Three again, though not always on three Nodes: the spread holds at
+	// scheduling only, and once the drained Node is gone the pod may land
+	// beside another before the Machine's replacement joins.
+	testenv.Eventually(t, 3*time.Minute, "three hello pods Ready, none on the drained "+node, func() error {
+		pods, err := cs.CoreV1().Pods(pod.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=hello"})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for _, p := range pods.Items {
+			if p.UID == pod.UID || p.Spec.NodeName == node {
+				return fmt.Errorf("pod %s still on %s", p.Name, node)
+			}
+			if podReady(&p) {
+				ready++
+			}
+		}
+		if ready != 3 {
+			return fmt.Errorf("%d hello pods Ready", ready)
+		}
+		return nil
+	})
+	t.Logf("pod %s evicted from %s and three hello pods Ready %.1fs after the budget allowed it", pod.Name, node, time.Since(start).Seconds())
+	testenv.Eventually(t, 2*time.Minute, "Machine "+m.Name+" and Node "+node+" gone", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(m), &clusterv1.Machine{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("machine: %v", err)
+		}
+		if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("node: %v", err)
+		}
+		return nil
 	})
 }
 
