@@ -77,7 +77,7 @@ run: setup images node-deps build ## Build what is missing and start the embedde
 	$(BIN)/marina up
 
 .PHONY: bench
-bench: setup build ## Run the benchmarks in bench/
+bench: setup build images node-deps ## Run the benchmarks in bench/
 	go test -run '^$$' -bench . -benchtime 1x ./bench/...
 
 .PHONY: crash-points
