@@ -41,9 +41,11 @@ import (
 // answer's content names the pod that gave it. Deleting the cluster
 // leaves no container, mount, network namespace, veth or cgroup.
 //
-// On the way, a worker's kubelet is killed (its pod keeps its container),
-// and a worker's Machine is deleted: its drain waits on the app's
-// PodDisruptionBudget, then evicts, and the pod runs again elsewhere.
+// On the way, a worker's kubelet is killed (its pod keeps its container);
+// a worker's Machine is deleted: its drain waits on the app's
+// PodDisruptionBudget, then evicts, and the pod runs again elsewhere; and
+// the power is cut (every process of the state directory killed at once):
+// after marina up again, the app answers at every real Node.
 func TestRealWorkersRunPods(t *testing.T) {
 	t.Parallel()
 	requireRealWorkers(t)
@@ -184,25 +186,26 @@ func TestRealWorkersRunPods(t *testing.T) {
 		})
 	}
 	// The NodePort from the management host, on every real Node.
-	nodePort := svc.Spec.Ports[0].NodePort
-	for _, n := range real {
-		ip := internalIP(&n)
-		testenv.Eventually(t, time.Minute, "the NodePort answers on "+n.Name, func() error {
-			body, err := httpGet(ctx, "http://"+net.JoinHostPort(ip, strconv.Itoa(int(nodePort)))+"/")
-			if err != nil {
-				return err
-			}
-			if from := helloFrom(body); !names[from] {
-				return fmt.Errorf("answer %q is from none of the pods %v", body, names)
-			}
-			return nil
-		})
-	}
+	checkNodePortAnswersEverywhere(t, ctx, workload)
 	// port-forward, as a user reaches a pod from their machine.
 	checkPortForward(t, kubeconfig, u.repoRoot(t), pods[2].Name)
 
 	checkKubeletKillKeepsPods(t, ctx, workload, a)
 	checkDrainHonoursPDB(t, ctx, c, workload, b)
+
+	// A power cut, then marina up again: the Nodes live again (their
+	// Leases renewed since), and the app answers at every real Node.
+	stateDir := filepath.Dir(root)
+	cutPower(t, u, stateDir)
+	restarted := time.Now()
+	u = startUp(t, stateDir)
+	c = mgmtClient(t, stateDir)
+	testenv.Eventually(t, 2*time.Minute, "the cluster Ready again with 6 live Ready Nodes", func() error {
+		return clusterBack(ctx, c, key, 6, 1, restarted)
+	})
+	workload = workloadClient(t, ctx, c, key)
+	checkNodePortAnswersEverywhere(t, ctx, workload)
+	t.Logf("after a power cut, the app answering at every real Node %.1fs after marina up was started again", time.Since(restarted).Seconds())
 
 	if out, err := u.kubectl(t, "delete", "cluster", "minimal"); err != nil {
 		t.Fatalf("kubectl delete cluster: %v\n%s", err, out)
@@ -213,6 +216,38 @@ func TestRealWorkersRunPods(t *testing.T) {
 		}
 		return realLeftovers(root)
 	})
+}
+
+// checkNodePortAnswersEverywhere asks the hello Service's NodePort at
+// every real Node's address from this host, until each answers with the
+// name of a hello pod that is Ready.
+func checkNodePortAnswersEverywhere(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
+	t.Helper()
+	svc, err := cs.CoreV1().Services("default").Get(ctx, "hello", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(int(svc.Spec.Ports[0].NodePort))
+	for _, n := range realNodes(t, ctx, cs) {
+		addr := net.JoinHostPort(internalIP(&n), port)
+		testenv.Eventually(t, time.Minute, "the NodePort answers on "+n.Name, func() error {
+			body, err := httpGet(ctx, "http://"+addr+"/")
+			if err != nil {
+				return err
+			}
+			pods, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=hello"})
+			if err != nil {
+				return err
+			}
+			from := helloFrom(body)
+			for _, p := range pods.Items {
+				if p.Name == from && podReady(&p) {
+					return nil
+				}
+			}
+			return fmt.Errorf("answer %q is from no Ready hello pod", body)
+		})
+	}
 }
 
 // checkKubeletKillKeepsPods kills pod's kubelet with SIGKILL: marina's

@@ -73,19 +73,7 @@ func powerCut(t *testing.T, examples []string, key types.NamespacedName, machine
 	}
 	before := machineUIDs(t, ctx, c)
 
-	victims := processesUnder(stateDir)
-	t.Logf("power cut: killing %d processes whose command line names %s", len(victims), stateDir)
-	for _, pid := range append(victims, u.cmd.Process.Pid) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	<-u.done
-	testenv.Eventually(t, 30*time.Second, "every process of the state directory gone", func() error {
-		if left := processesUnder(stateDir); len(left) > 0 {
-			return fmt.Errorf("still running: %v", left)
-		}
-		return nil
-	})
-
+	cutPower(t, u, stateDir)
 	restarted := time.Now()
 	u = startUp(t, stateDir)
 	c = mgmtClient(t, stateDir)
@@ -135,6 +123,25 @@ func powerCut(t *testing.T, examples []string, key types.NamespacedName, machine
 				t.Errorf("%d %s processes, want %d (%v)", n, component, controlPlanes, counts)
 			}
 		}
+	})
+}
+
+// cutPower kills, at once, marina up and every process whose command line
+// names stateDir (its management plane, the agents, the balancer, the
+// components), as a host losing power would, and waits until all are gone.
+func cutPower(t *testing.T, u *upProcess, stateDir string) {
+	t.Helper()
+	victims := processesUnder(stateDir)
+	t.Logf("power cut: killing %d processes whose command line names %s", len(victims), stateDir)
+	for _, pid := range append(victims, u.cmd.Process.Pid) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	<-u.done
+	testenv.Eventually(t, 30*time.Second, "every process of the state directory gone", func() error {
+		if left := processesUnder(stateDir); len(left) > 0 {
+			return fmt.Errorf("still running: %v", left)
+		}
+		return nil
 	})
 }
 
