@@ -392,7 +392,9 @@ current-context: node
 		// agent knows no cluster CIDR.
 		"detectLocalMode":    "NodeCIDR",
 		"bindAddress":        "0.0.0.0",
-		"healthzBindAddress": "127.0.0.1:10256",
+		// On the Node's address, as kube-proxy's default: a load
+		// balancer asks it whether to send the Node traffic.
+		"healthzBindAddress": "0.0.0.0:10256",
 		"metricsBindAddress": "127.0.0.1:10249",
 		// The conntrack table's size is the host's, shared by every
 		// machine: not one machine's to set.

@@ -1,6 +1,7 @@
 // Package prober sends a steady stream of reads and writes to a workload
-// cluster's API and counts the requests that fail: the measure of an
-// upgrade that keeps the API serving (M13). Tests and benchmarks use it.
+// cluster's API (or the caller's requests, to an app) and counts the
+// requests that fail: the measure of an upgrade that keeps the API and
+// the apps serving (M13). Tests and benchmarks use it.
 package prober
 
 import (
@@ -57,26 +58,36 @@ func Start(ctx context.Context, cs kubernetes.Interface, namespace string, perio
 	if _, err := cs.CoreV1().ConfigMaps(namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("creating the prober's configmap: %w", err)
 	}
+	n := 0
+	return StartProbes(ctx, period,
+		func(ctx context.Context) error {
+			n++
+			c := cm.DeepCopy()
+			c.Data["n"] = fmt.Sprint(n)
+			// No resourceVersion: an unconditional update, never a conflict.
+			_, err := cs.CoreV1().ConfigMaps(namespace).Update(ctx, c, metav1.UpdateOptions{})
+			return err
+		},
+		func(ctx context.Context) error {
+			_, err := cs.CoreV1().ConfigMaps(namespace).Get(ctx, cm.Name, metav1.GetOptions{})
+			return err
+		},
+		func(ctx context.Context) error {
+			_, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{Limit: 10})
+			return err
+		}), nil
+}
+
+// StartProbes begins probing with the caller's probes (an app's Service,
+// for instance), each in a goroutine of its own sending one request per
+// period, with a 5 s timeout; an error is a failed request.
+func StartProbes(ctx context.Context, period time.Duration, probes ...func(context.Context) error) *Prober {
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Prober{cancel: cancel, start: time.Now()}
-	n := 0
-	p.loop(ctx, period, func(ctx context.Context) error {
-		n++
-		c := cm.DeepCopy()
-		c.Data["n"] = fmt.Sprint(n)
-		// No resourceVersion: an unconditional update, never a conflict.
-		_, err := cs.CoreV1().ConfigMaps(namespace).Update(ctx, c, metav1.UpdateOptions{})
-		return err
-	})
-	p.loop(ctx, period, func(ctx context.Context) error {
-		_, err := cs.CoreV1().ConfigMaps(namespace).Get(ctx, cm.Name, metav1.GetOptions{})
-		return err
-	})
-	p.loop(ctx, period, func(ctx context.Context) error {
-		_, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{Limit: 10})
-		return err
-	})
-	return p, nil
+	for _, probe := range probes {
+		p.loop(ctx, period, probe)
+	}
+	return p
 }
 
 func (p *Prober) loop(ctx context.Context, period time.Duration, probe func(context.Context) error) {

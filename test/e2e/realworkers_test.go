@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +28,8 @@ import (
 
 	clusterv1 "marina.dev/marina/api/v1alpha1"
 
+	"marina.dev/marina/internal/addons"
+	"marina.dev/marina/internal/prober"
 	"marina.dev/marina/internal/remote"
 	"marina.dev/marina/internal/testenv"
 )
@@ -250,6 +253,187 @@ func checkNodePortAnswersEverywhere(t *testing.T, ctx context.Context, cs kubern
 	}
 }
 
+// applyHello applies examples/workload with kubectl, its pods on the
+// Nodes of pool (the example's nodeSelector names examples/real-workers').
+func applyHello(t *testing.T, kubeconfig, repo, pool string) {
+	t.Helper()
+	manifest, err := os.ReadFile(filepath.Join(repo, "examples", "workload", "hello.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(repo, "bin", "kubectl"), "--kubeconfig", kubeconfig, "apply", "-f", "-")
+	cmd.Stdin = strings.NewReader(strings.ReplaceAll(string(manifest), "pool: minimal-real-workers", "pool: "+pool))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply of examples/workload on pool %s: %v\n%s", pool, err, out)
+	}
+}
+
+// helloReady says how far the hello app is from want Ready pods.
+func helloReady(ctx context.Context, cs kubernetes.Interface, want int) error {
+	pods, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=hello"})
+	if err != nil {
+		return err
+	}
+	ready := 0
+	for _, p := range pods.Items {
+		if podReady(&p) && p.DeletionTimestamp == nil {
+			ready++
+		}
+	}
+	if ready != want {
+		return fmt.Errorf("%d of %d hello pods Ready", ready, want)
+	}
+	return nil
+}
+
+// nodePortProber asks the hello Service's NodePort from this host every
+// period, each time on a new connection and at the next of the real Nodes
+// a load balancer would send to: Ready, not cordoned, and whose
+// kube-proxy has answered its health check (port 10256) at each of the
+// last healthyLooks looks, once a second (a starting kube-proxy says
+// healthy before its first sync, so one good answer is not enough, as
+// for a cloud balancer's healthy threshold). A Node leaves the targets at
+// its first bad look. An answer that is not hello's is a failure too.
+type nodePortProber struct {
+	*prober.Prober
+	mu      sync.Mutex
+	targets []string
+	healthy map[string]int // consecutive good looks, by target
+	changes []string       // when a target came or went, to explain failures
+}
+
+const healthyLooks = 3
+
+func startNodePortProber(ctx context.Context, cs kubernetes.Interface, port int32, period time.Duration) *nodePortProber {
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	p := &nodePortProber{healthy: map[string]int{}}
+	look := func() {
+		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "!" + addons.SimulatedLabel})
+		if err != nil {
+			return // the API is being upgraded too: keep the last targets
+		}
+		good := map[string]bool{}
+		for _, n := range nodes.Items {
+			ip := internalIP(&n)
+			if !nodeReady(&n) || n.Spec.Unschedulable || ip == "" {
+				continue
+			}
+			if resp, err := client.Get("http://" + net.JoinHostPort(ip, "10256") + "/healthz"); err == nil {
+				resp.Body.Close()
+				good[net.JoinHostPort(ip, strconv.Itoa(int(port)))] = resp.StatusCode == http.StatusOK
+			}
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		was := map[string]bool{}
+		for _, t := range p.targets {
+			was[t] = true
+		}
+		var targets []string
+		for addr, ok := range good {
+			if !ok {
+				continue
+			}
+			if p.healthy[addr]++; p.healthy[addr] >= healthyLooks {
+				targets = append(targets, addr)
+			}
+		}
+		for addr := range p.healthy {
+			if !good[addr] {
+				delete(p.healthy, addr)
+			}
+		}
+		now := time.Now().Format("15:04:05.000")
+		for _, t := range targets {
+			if !was[t] {
+				p.changes = append(p.changes, now+" + "+t)
+			}
+			delete(was, t)
+		}
+		for t := range was {
+			p.changes = append(p.changes, now+" - "+t)
+		}
+		slices.Sort(targets)
+		p.targets = targets
+	}
+	for range healthyLooks {
+		look()
+	}
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				look()
+			}
+		}
+	}()
+	next := 0
+	p.Prober = prober.StartProbes(ctx, period, func(ctx context.Context) error {
+		p.mu.Lock()
+		if len(p.targets) == 0 {
+			p.mu.Unlock()
+			return fmt.Errorf("no Node to send to")
+		}
+		addr := p.targets[next%len(p.targets)]
+		next++
+		p.mu.Unlock()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(body), "hello from ") {
+			return fmt.Errorf("%s answered %s %q (%v)", addr, resp.Status, body, err)
+		}
+		return nil
+	})
+	return p
+}
+
+// Changes are the times the targets changed.
+func (p *nodePortProber) Changes() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.changes)
+}
+
+// checkKubeletsAt: every one of nodes Nodes reports a kubelet at version,
+// and every real one runs that kubelet's binary.
+func checkKubeletsAt(t *testing.T, ctx context.Context, cs kubernetes.Interface, version string, nodes int) {
+	t.Helper()
+	list, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != nodes {
+		t.Errorf("%d Nodes, want %d", len(list.Items), nodes)
+	}
+	for _, n := range list.Items {
+		if v := n.Status.NodeInfo.KubeletVersion; v != version {
+			t.Errorf("Node %s reports kubelet %s, want %s", n.Name, v, version)
+		}
+	}
+	for _, n := range realNodes(t, ctx, cs) {
+		pid, err := kubeletPID(n.Name)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || filepath.Base(exe) != "kubelet-"+version {
+			t.Errorf("Node %s runs the kubelet %s (%v), want kubelet-%s", n.Name, exe, err, version)
+		}
+	}
+}
+
 // checkKubeletKillKeepsPods kills pod's kubelet with SIGKILL: marina's
 // agent starts it again, and the pod is Ready again with the container it
 // had, never restarted (containers outlive their kubelet, as on any node).
@@ -418,7 +602,7 @@ func requireRealWorkers(t *testing.T) {
 
 func realNodes(t *testing.T, ctx context.Context, cs kubernetes.Interface) []corev1.Node {
 	t.Helper()
-	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "example.marina.dev/pool=minimal-real-workers"})
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "!" + addons.SimulatedLabel})
 	if err != nil {
 		t.Fatal(err)
 	}
