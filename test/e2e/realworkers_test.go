@@ -582,8 +582,16 @@ func checkDrainHonoursPDB(t *testing.T, ctx context.Context, c client.Client, cs
 	})
 }
 
+// realWorkers is held by each test that makes real machines, until its
+// cleanups have run: their machines share the host's bridge, and each
+// test ends by checking that no network namespace, veth, cgroup or mount
+// of a real machine is left on the host, which another test's live
+// machines would fail.
+var realWorkers sync.Mutex
+
 // requireRealWorkers skips when this host cannot run a real kubelet:
 // not root, or make setup / make images / tools/test-deps.sh not run.
+// Otherwise it waits for the other tests with real machines to end.
 func requireRealWorkers(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -598,6 +606,8 @@ func requireRealWorkers(t *testing.T) {
 			t.Fatalf("real workers need %s: make test builds and installs it (make images, tools/test-deps.sh)", f)
 		}
 	}
+	realWorkers.Lock()
+	t.Cleanup(realWorkers.Unlock)
 }
 
 func realNodes(t *testing.T, ctx context.Context, cs kubernetes.Interface) []corev1.Node {
