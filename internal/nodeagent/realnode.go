@@ -390,8 +390,8 @@ current-context: node
 		"mode":             "iptables",
 		// The Node's own pod CIDR tells local traffic from the rest: the
 		// agent knows no cluster CIDR.
-		"detectLocalMode":    "NodeCIDR",
-		"bindAddress":        "0.0.0.0",
+		"detectLocalMode": "NodeCIDR",
+		"bindAddress":     "0.0.0.0",
 		// On the Node's address, as kube-proxy's default: a load
 		// balancer asks it whether to send the Node traffic.
 		"healthzBindAddress": "0.0.0.0:10256",

@@ -234,7 +234,7 @@ func checkNodePortAnswersEverywhere(t *testing.T, ctx context.Context, cs kubern
 	for _, n := range realNodes(t, ctx, cs) {
 		addr := net.JoinHostPort(internalIP(&n), port)
 		testenv.Eventually(t, time.Minute, "the NodePort answers on "+n.Name, func() error {
-			body, err := httpGet(ctx, "http://"+addr+"/")
+			from, err := askHello(ctx, "http://"+addr+"/")
 			if err != nil {
 				return err
 			}
@@ -242,13 +242,12 @@ func checkNodePortAnswersEverywhere(t *testing.T, ctx context.Context, cs kubern
 			if err != nil {
 				return err
 			}
-			from := helloFrom(body)
 			for _, p := range pods.Items {
 				if p.Name == from && podReady(&p) {
 					return nil
 				}
 			}
-			return fmt.Errorf("answer %q is from no Ready hello pod", body)
+			return fmt.Errorf("the answer is from %s, no Ready hello pod", from)
 		})
 	}
 }
@@ -381,20 +380,8 @@ func startNodePortProber(ctx context.Context, cs kubernetes.Interface, port int3
 		addr := p.targets[next%len(p.targets)]
 		next++
 		p.mu.Unlock()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(body), "hello from ") {
-			return fmt.Errorf("%s answered %s %q (%v)", addr, resp.Status, body, err)
-		}
-		return nil
+		_, err := testenv.AskHello(ctx, client, "http://"+addr+"/")
+		return err
 	})
 	return p
 }
@@ -651,23 +638,11 @@ func helloFrom(body string) string {
 	return strings.TrimPrefix(strings.TrimSpace(first), "hello from ")
 }
 
-func httpGet(ctx context.Context, url string) (string, error) {
+// askHello asks url, within 5 s, for the name of the hello pod answering.
+func askHello(ctx context.Context, url string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return string(body), err
+	return testenv.AskHello(ctx, nil, url)
 }
 
 // checkPortForward runs kubectl port-forward to pod and expects its answer
@@ -697,9 +672,9 @@ func checkPortForward(t *testing.T, kubeconfig, repo, pod string) {
 		t.Fatalf("kubectl port-forward pod/%s printed no forwarding line", pod)
 	}
 	go func() { _, _ = io.Copy(io.Discard, stdout) }()
-	body, err := httpGet(context.Background(), "http://"+local+"/forwarded")
-	if err != nil || helloFrom(body) != pod {
-		t.Fatalf("GET through kubectl port-forward pod/%s: %v %q, want the pod's answer", pod, err, body)
+	from, err := askHello(context.Background(), "http://"+local+"/forwarded")
+	if err != nil || from != pod {
+		t.Fatalf("GET through kubectl port-forward pod/%s: %v, answered by %q, want the pod's answer", pod, err, from)
 	}
 }
 
