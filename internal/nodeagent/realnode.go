@@ -93,6 +93,9 @@ func startRealNode(ctx context.Context, dir string, b *sandbox.Bootstrap, kubele
 	if err := cgroups.Join(r.Cgroup, os.Getpid()); err != nil {
 		return nil, fmt.Errorf("joining the machine's cgroup: %w", err)
 	}
+	if err := ensureHostLimits(log); err != nil {
+		return nil, err
+	}
 	for _, d := range []string{KubeletDir, ContainerdDir, CNIConfDir, binLinksDir, manifest.LogsDir} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, err
