@@ -111,6 +111,12 @@ func run(ctx context.Context, dir string, t timing) error {
 		a.kubelet.set(desired.Kubelet)
 	}
 	if cpConfig != nil {
+		// The components watch their certificates and configuration
+		// through inotify too; a machine that may not raise the limits
+		// (not root) runs with what the host gives.
+		if err := ensureHostLimits(log); err != nil {
+			log.Info("Could not raise the host's inotify limits; the control plane runs with the host's", "err", err)
+		}
 		if a.cp, a.cs, err = startControlPlane(ctx, dir, b, cpConfig); err != nil {
 			return err
 		}

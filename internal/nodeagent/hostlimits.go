@@ -11,12 +11,13 @@ import (
 
 // inotifyMinimums are the host's inotify limits a real node needs. Every
 // kubelet, containerd and kube-proxy watches files through inotify, and
-// the limits count per user across the whole host: one real worker holds
-// about 15 instances, and Debian's default of 128 instances ran out with a
-// few real machines beside the management plane's API servers (CI failed
-// with "too many open files" from a webhook's certificate watcher). kind
-// asks its users to raise the same two limits; a real node sets them
-// itself, as the kubelet sets the kernel's sysctls it depends on.
+// the limits count per user across the whole host: a real worker holds
+// about 9 instances (kubelet 6, containerd 2, kube-proxy 1), an API server
+// or a controller-manager 3, and make test reached 115 of Debian's default
+// 128 (CI failed with "too many open files" from a webhook's certificate
+// watcher). kind asks its users to raise the same two limits; a machine
+// sets them itself, as the kubelet sets the kernel's sysctls it depends
+// on.
 var inotifyMinimums = []hostLimit{
 	{Key: "fs.inotify.max_user_instances", Min: 8192},
 	{Key: "fs.inotify.max_user_watches", Min: 524288},
@@ -38,7 +39,7 @@ func (l hostLimit) raiseTo(current int64) (int64, bool) {
 	return l.Min, true
 }
 
-// ensureHostLimits raises the host's inotify limits to what a real node
+// ensureHostLimits raises the host's inotify limits to what a machine
 // needs, and says so in the log; it never lowers one.
 func ensureHostLimits(log klog.Logger) error {
 	for _, l := range inotifyMinimums {
