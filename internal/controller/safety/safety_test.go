@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
@@ -70,12 +71,30 @@ func TestOrphanSandboxIsRemovedAfterGrace(t *testing.T) {
 		return nil
 	})
 
-	// The orphan: its finalizer stripped, its Machine deleted.
+	// The orphan: its finalizer stripped, its Machine deleted. It is
+	// paused first, and its controller seen to know it: a machine
+	// controller that reconciled the strip would put the finalizer back
+	// and then delete the machine itself on the Delete below (CI saw the
+	// sandbox go 209 ms after it), which is not what this test is about.
 	orphan := ms[1]
 	if err := c.Get(ctx, client.ObjectKeyFromObject(orphan), orphan); err != nil {
 		t.Fatal(err)
 	}
 	before := orphan.DeepCopy()
+	metav1.SetMetaDataAnnotation(&orphan.ObjectMeta, clusterv1.PausedAnnotation, "")
+	if err := c.Patch(ctx, orphan, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "the orphan's controller sees it paused", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(orphan), orphan); err != nil {
+			return err
+		}
+		if !meta.IsStatusConditionTrue(orphan.Status.Conditions, clusterv1.PausedCondition) {
+			return fmt.Errorf("not Paused yet")
+		}
+		return nil
+	})
+	before = orphan.DeepCopy()
 	controllerutil.RemoveFinalizer(orphan, clusterv1.MachineFinalizer)
 	if err := c.Patch(ctx, orphan, client.MergeFrom(before)); err != nil {
 		t.Fatal(err)
