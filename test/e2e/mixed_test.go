@@ -101,6 +101,7 @@ spec:
 // new binaries into the host's binary directory).
 func TestMixedProvidersUpgradeInPlaceWithoutAFailedRequest(t *testing.T) {
 	t.Parallel()
+	takeTurnUpgrading(t)
 	const hosts = 4
 	manifests, onHost := sshHosts(t, mixedHosts, hosts)
 	u, root, c := startUpWithClient(t)

@@ -576,6 +576,20 @@ func checkDrainHonoursPDB(t *testing.T, ctx context.Context, c client.Client, cs
 // machines would fail.
 var realWorkers sync.Mutex
 
+// inPlaceUpgrades is held by the two InPlace upgrade tests (3 control-plane
+// machines each, one with real workers, one on SSH hosts), which take
+// turns: run together with the rest of make test they held the 2 cores
+// at a load average over 40, where a restarted marina up's management API
+// server took 2m25s to be ready and a request through the endpoint took
+// over 5 s.
+var inPlaceUpgrades sync.Mutex
+
+// takeTurnUpgrading waits for the other InPlace upgrade test to end.
+func takeTurnUpgrading(t *testing.T) {
+	inPlaceUpgrades.Lock()
+	t.Cleanup(inPlaceUpgrades.Unlock)
+}
+
 // requireRealWorkers skips when this host cannot run a real kubelet:
 // not root, or make setup / make images / tools/test-deps.sh not run.
 // Otherwise it waits for the other tests with real machines to end.

@@ -98,7 +98,9 @@ func tryStartUp(t *testing.T, stateDir string, args ...string) (*upProcess, bool
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		<-u.done
 	})
-	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+	// 5 minutes: in make test on 2 cores a restarted marina up's API
+	// server took 2m25s to be ready; alone it takes seconds.
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
 		select {
 		case <-u.done:
 			return false, errExited

@@ -46,6 +46,7 @@ const (
 // processes say (issue 32).
 func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	t.Parallel()
+	takeTurnUpgrading(t)
 	requireRealWorkers(t)
 	u, root, c := startUpWithClient(t)
 	ctx := context.Background()
