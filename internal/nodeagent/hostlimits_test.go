@@ -1,22 +1,41 @@
 package nodeagent
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
 
-func TestHostLimitIsRaisedNeverLowered(t *testing.T) {
-	l := hostLimit{Key: "fs.inotify.max_user_instances", Min: 8192}
+	"k8s.io/klog/v2"
+)
+
+// A limit below its minimum is raised to it; one at or above is kept; a
+// value that is no number is a clear error.
+func TestHostLimitsAreRaisedNeverLowered(t *testing.T) {
 	for _, tc := range []struct {
-		current int64
-		want    int64
-		raise   bool
+		now, want string
+		err       string
 	}{
-		{current: 128, want: 8192, raise: true}, // Debian's default
-		{current: 8191, want: 8192, raise: true},
-		{current: 8192, raise: false},
-		{current: 65536, raise: false}, // a host that gives more keeps it
+		{now: "128\n", want: "8192"}, // Debian's default
+		{now: "8192\n", want: "8192\n"},
+		{now: "65536\n", want: "65536\n"}, // a host that gives more keeps it
+		{now: "lots\n", want: "lots\n", err: `reading fs.inotify.max_user_instances: "lots\n" is not a number`},
 	} {
-		got, raise := l.raiseTo(tc.current)
-		if got != tc.want || raise != tc.raise {
-			t.Errorf("raiseTo(%d) = %d, %v; want %d, %v", tc.current, got, raise, tc.want, tc.raise)
+		root := t.TempDir()
+		path := filepath.Join(root, "fs", "inotify", "max_user_instances")
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(tc.now), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err := raiseLimits(klog.Background(), root, []hostLimit{{Key: "fs.inotify.max_user_instances", Min: 8192}})
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("from %q: error %v, want %q", tc.now, err, tc.err)
+		}
+		got, _ := os.ReadFile(path)
+		if string(got) != tc.want {
+			t.Errorf("from %q: the limit is %q, want %q", tc.now, got, tc.want)
 		}
 	}
 }
