@@ -287,39 +287,68 @@ func helloReady(ctx context.Context, cs kubernetes.Interface, want int) error {
 
 // nodePortProber asks the hello Service's NodePort from this host every
 // period, each time on a new connection and at the next of the real Nodes
-// a load balancer would send to: Ready, not cordoned, and whose
-// kube-proxy has answered its health check (port 10256) at each of the
-// last healthyLooks looks, once a second (a starting kube-proxy says
-// healthy before its first sync, so one good answer is not enough, as
-// for a cloud balancer's healthy threshold). A Node leaves the targets at
-// its first bad look. An answer that is not hello's is a failure too.
+// a load balancer would send to: Ready and not cordoned when last listed,
+// and passing both of the balancer's health checks at each of the last
+// healthyLooks looks, once a second: kube-proxy's (port 10256, as a
+// cloud balancer asks for an externalTrafficPolicy Cluster Service) and a
+// TCP connection to the NodePort itself (as a balancer checking the
+// traffic port does). kube-proxy's alone is not enough: it says healthy
+// from its start, before its first sync has written the NodePort's rules,
+// and in CI, at a load average over 40, a new Node refused connections
+// for seconds after 3 good answers. A Node leaves the targets at its
+// first bad look. The health checks go on while the API cannot list the
+// Nodes (its servers are being upgraded), on the Nodes last listed. An
+// answer that is not hello's is a failure too.
 type nodePortProber struct {
 	*prober.Prober
-	mu      sync.Mutex
-	targets []string
-	healthy map[string]int // consecutive good looks, by target
-	changes []string       // when a target came or went, to explain failures
+	mu         sync.Mutex
+	targets    []string
+	healthy    map[string]int // consecutive good looks, by target
+	changes    []string       // when a target came or went, to explain failures
+	proxyFirst map[string]time.Time
 }
 
 const healthyLooks = 3
 
 func startNodePortProber(ctx context.Context, cs kubernetes.Interface, port int32, period time.Duration) *nodePortProber {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	p := &nodePortProber{healthy: map[string]int{}}
+	check := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	p := &nodePortProber{healthy: map[string]int{}, proxyFirst: map[string]time.Time{}}
+	var listed []string // the addresses of the Nodes a balancer would have
 	look := func() {
-		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "!" + addons.SimulatedLabel})
-		if err != nil {
-			return // the API is being upgraded too: keep the last targets
+		if nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "!" + addons.SimulatedLabel}); err == nil {
+			listed = listed[:0]
+			for _, n := range nodes.Items {
+				if ip := internalIP(&n); nodeReady(&n) && !n.Spec.Unschedulable && ip != "" {
+					listed = append(listed, ip)
+				}
+			}
 		}
 		good := map[string]bool{}
-		for _, n := range nodes.Items {
-			ip := internalIP(&n)
-			if !nodeReady(&n) || n.Spec.Unschedulable || ip == "" {
+		var notes []string
+		for _, ip := range listed {
+			addr := net.JoinHostPort(ip, strconv.Itoa(int(port)))
+			resp, err := check.Get("http://" + net.JoinHostPort(ip, "10256") + "/healthz")
+			if err != nil {
 				continue
 			}
-			if resp, err := client.Get("http://" + net.JoinHostPort(ip, "10256") + "/healthz"); err == nil {
-				resp.Body.Close()
-				good[net.JoinHostPort(ip, strconv.Itoa(int(port)))] = resp.StatusCode == http.StatusOK
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				continue
+			}
+			first, seen := p.proxyFirst[addr]
+			if !seen {
+				first = time.Now()
+				p.proxyFirst[addr] = first
+			}
+			conn, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				continue
+			}
+			conn.Close()
+			good[addr] = true
+			if !seen || p.healthy[addr] == 0 {
+				notes = append(notes, fmt.Sprintf("%s: the NodePort answers %.1fs after kube-proxy first said healthy", addr, time.Since(first).Seconds()))
 			}
 		}
 		p.mu.Lock()
@@ -329,10 +358,7 @@ func startNodePortProber(ctx context.Context, cs kubernetes.Interface, port int3
 			was[t] = true
 		}
 		var targets []string
-		for addr, ok := range good {
-			if !ok {
-				continue
-			}
+		for addr := range good {
 			if p.healthy[addr]++; p.healthy[addr] >= healthyLooks {
 				targets = append(targets, addr)
 			}
@@ -343,6 +369,9 @@ func startNodePortProber(ctx context.Context, cs kubernetes.Interface, port int3
 			}
 		}
 		now := time.Now().Format("15:04:05.000")
+		for _, n := range notes {
+			p.changes = append(p.changes, now+"   "+n)
+		}
 		for _, t := range targets {
 			if !was[t] {
 				p.changes = append(p.changes, now+" + "+t)
@@ -384,6 +413,28 @@ func startNodePortProber(ctx context.Context, cs kubernetes.Interface, port int3
 		return err
 	})
 	return p
+}
+
+// logPodEvents logs the events of namespace's pods in time order (which
+// pod was scheduled, started or killed where, and when), to be set beside
+// a prober's failures.
+func logPodEvents(t *testing.T, ctx context.Context, cs kubernetes.Interface, namespace string) {
+	t.Helper()
+	list, err := cs.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"})
+	if err != nil {
+		t.Logf("the events of %s's pods: %v", namespace, err)
+		return
+	}
+	at := func(e corev1.Event) time.Time {
+		if !e.EventTime.IsZero() {
+			return e.EventTime.Time
+		}
+		return e.LastTimestamp.Time
+	}
+	slices.SortFunc(list.Items, func(a, b corev1.Event) int { return at(a).Compare(at(b)) })
+	for _, e := range list.Items {
+		t.Logf("  event %s %s/%s %s: %s", at(e).Format("15:04:05"), e.InvolvedObject.Name, e.Source.Host, e.Reason, e.Message)
+	}
 }
 
 // Changes are the times the targets changed.

@@ -174,10 +174,11 @@ func TestUpUpgradesInPlaceWithoutAFailedRequest(t *testing.T) {
 	checkProbe(t, res, lbLogs...)
 	checkOrder(t, changes, 3)
 	t.Logf("the app's NodePort prober: %d requests (%.1f/s), %d failed", appRes.Requests, appRes.Rate(), appRes.Failures)
+	for _, ch := range app.Changes() {
+		t.Logf("  Node target %s", ch)
+	}
 	if appRes.Failures != 0 {
-		for _, ch := range app.Changes() {
-			t.Logf("  Node target %s", ch)
-		}
+		logPodEvents(t, ctx, cs, "default")
 		for _, e := range appRes.Errors {
 			t.Logf("  failed: %s", e)
 		}
