@@ -293,9 +293,9 @@ func helloReady(ctx context.Context, cs kubernetes.Interface, want int) error {
 // cloud balancer asks for an externalTrafficPolicy Cluster Service) and a
 // TCP connection to the NodePort itself (as a balancer checking the
 // traffic port does). kube-proxy's alone is not enough: it says healthy
-// from its start, before its first sync has written the NodePort's rules,
-// and in CI, at a load average over 40, a new Node refused connections
-// for seconds after 3 good answers. A Node leaves the targets at its
+// from its start, before its first sync has written the NodePort's rules
+// (in CI, at a load average over 40, one Node refused connections for
+// seconds while the others answered, most likely a new one). A Node leaves the targets at its
 // first bad look. The health checks go on while the API cannot list the
 // Nodes (its servers are being upgraded), on the Nodes last listed. An
 // answer that is not hello's is a failure too.
@@ -305,7 +305,7 @@ type nodePortProber struct {
 	targets    []string
 	healthy    map[string]int // consecutive good looks, by target
 	changes    []string       // when a target came or went, to explain failures
-	proxyFirst map[string]time.Time
+	proxyFirst map[string]time.Time // when kube-proxy began to say healthy, by target
 }
 
 const healthyLooks = 3
@@ -329,11 +329,11 @@ func startNodePortProber(ctx context.Context, cs kubernetes.Interface, port int3
 		for _, ip := range listed {
 			addr := net.JoinHostPort(ip, strconv.Itoa(int(port)))
 			resp, err := check.Get("http://" + net.JoinHostPort(ip, "10256") + "/healthz")
-			if err != nil {
-				continue
+			if err == nil {
+				resp.Body.Close()
 			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
+			if err != nil || resp.StatusCode != http.StatusOK {
+				delete(p.proxyFirst, addr) // a restarted kube-proxy starts a new stretch
 				continue
 			}
 			first, seen := p.proxyFirst[addr]
