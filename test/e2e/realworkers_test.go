@@ -303,8 +303,8 @@ type nodePortProber struct {
 	*prober.Prober
 	mu         sync.Mutex
 	targets    []string
-	healthy    map[string]int // consecutive good looks, by target
-	changes    []string       // when a target came or went, to explain failures
+	healthy    map[string]int       // consecutive good looks, by target
+	changes    []string             // when a target came or went, to explain failures
 	proxyFirst map[string]time.Time // when kube-proxy began to say healthy, by target
 }
 
