@@ -8,6 +8,7 @@
 #   bin/etcd-<v>, bin/kube-{apiserver,controller-manager,scheduler,proxy}-<v>, bin/kubelet-<v>
 #   bin/containerd-<v>, bin/containerd-shim-runc-v2-<v>, bin/ctr-<v>
 #   bin/coredns-<v>             the cluster DNS addon (make images packs it)
+#   bin/registry-<v>            the OCI registry marina up serves the images from
 #   bin/kubectl-<newest>
 #   bin/kubectl                 the newest kubectl
 #   bin/k8s/<kube-version>/     etcd + kube-apiserver + kubectl, the layout
@@ -149,7 +150,8 @@ ln -sfn "kubectl-$newest" bin/kubectl
 # tests need.
 build_containerd
 build_main coredns "$COREDNS_VERSION" 4
+build_main registry "$REGISTRY_VERSION" 1
 if [[ ${1:-} != --only-newest ]]; then
   for v in "${versions[@]}"; do [[ $v == "$newest" ]] || build_kube "$v" "$control_plane $node"; done
 fi
-log "bin/ is ready: etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, coredns $COREDNS_VERSION, kubernetes $KUBE_VERSIONS"
+log "bin/ is ready: etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, coredns $COREDNS_VERSION, registry $REGISTRY_VERSION, kubernetes $KUBE_VERSIONS"

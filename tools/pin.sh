@@ -5,6 +5,8 @@
 #                          replaced by its published k8s.io/* module (v0.<minor>.<patch>)
 #   tools/coredns/         a tiny main around CoreDNS's coremain and the
 #                          plugins marina's Corefile uses, at COREDNS_VERSION
+#   tools/registry/        a tiny main around the distribution registry with
+#                          its filesystem storage only, at REGISTRY_VERSION
 #   tools/containerd/      containerd's own module at CONTAINERD_VERSION (its
 #                          daemon, runc shim and ctr are built by import path)
 # Run it after changing tools/versions.env and commit the result: go.sum pins
@@ -72,6 +74,35 @@ GO
     go get "github.com/coredns/coredns@${COREDNS_VERSION}" && go mod tidy)
 }
 
+# pin_registry writes the distribution registry with the one storage driver
+# marina uses (a directory of the state directory): its own command adds the
+# cloud stores' SDKs, which triple the build.
+pin_registry() {
+  mkdir -p registry
+  cat > registry/main.go <<'GO'
+// Command registry is the CNCF distribution registry built from its
+// published Go module at the version pinned in tools/versions.env, with
+// the filesystem storage driver and no others.
+package main
+
+import (
+	"os"
+
+	"github.com/distribution/distribution/v3/registry"
+	_ "github.com/distribution/distribution/v3/registry/storage/driver/filesystem"
+)
+
+func main() {
+	if err := registry.RootCmd.Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+GO
+  rm -f registry/go.mod registry/go.sum
+  (cd registry && go mod init marina.dev/tools/registry >/dev/null 2>&1 &&
+    go get "github.com/distribution/distribution/v3@${REGISTRY_VERSION}" && go mod tidy)
+}
+
 pin_kube() {
   local v=$1 dir="kube-$1" staging
   staging="v0.${v#v1.}"
@@ -120,5 +151,6 @@ pin_containerd() {
 
 pin_etcd
 pin_coredns
+pin_registry
 pin_containerd
 for v in $KUBE_VERSIONS; do pin_kube "$v"; done

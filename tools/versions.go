@@ -20,6 +20,8 @@ type Versions struct {
 	Containerd string
 	// CoreDNS is the cluster DNS addon's release, e.g. "v1.14.6".
 	CoreDNS string
+	// Registry is the distribution registry's release, e.g. "v3.1.2".
+	Registry string
 	// Kube are the Kubernetes releases, oldest first, e.g. ["v1.36.3", "v1.37.2"].
 	Kube []string
 }
@@ -44,6 +46,8 @@ func Pinned() Versions {
 			v.Containerd = value
 		case "COREDNS_VERSION":
 			v.CoreDNS = value
+		case "REGISTRY_VERSION":
+			v.Registry = value
 		case "KUBE_VERSIONS":
 			v.Kube = strings.Fields(value)
 		}

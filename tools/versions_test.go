@@ -19,6 +19,9 @@ func TestPinnedVersionsParse(t *testing.T) {
 	if !semver.MatchString(v.CoreDNS) {
 		t.Errorf("coredns version %q is not vX.Y.Z", v.CoreDNS)
 	}
+	if !semver.MatchString(v.Registry) {
+		t.Errorf("registry version %q is not vX.Y.Z", v.Registry)
+	}
 	if len(v.Kube) < 2 {
 		t.Fatalf("want at least two Kubernetes releases to upgrade between, got %v", v.Kube)
 	}
