@@ -112,9 +112,10 @@ func startUp(b *testing.B) (client.Client, string) {
 	binDir, err := testenv.BinDir()
 	must(b, err)
 	state := filepath.Join(tmp, "state")
-	port := testenv.FreePorts(b, 4)
+	port := testenv.FreePorts(b, 5)
 	up := exec.Command(marina, "up", "--state-dir", state, "--bin-dir", binDir,
-		"--api-port", strconv.Itoa(port), "--etcd-port", strconv.Itoa(port+1), "--webhook-port", strconv.Itoa(port+3))
+		"--api-port", strconv.Itoa(port), "--etcd-port", strconv.Itoa(port+1), "--webhook-port", strconv.Itoa(port+3),
+		"--registry-port", strconv.Itoa(port+4))
 	logPath := filepath.Join(tmp, "up.log")
 	logFile, err := os.Create(logPath)
 	must(b, err)

@@ -23,7 +23,7 @@ import (
 )
 
 func newControllerCommand() *cobra.Command {
-	var kubeconfig, localDir, sshDir, binDir, webhookService, webhookHost string
+	var kubeconfig, localDir, sshDir, binDir, webhookService, webhookHost, registryAddr string
 	var endpointAddrs []string
 	webhookPort := 9443
 	// The serving key is kept in the state directory (mode 0700), never
@@ -67,7 +67,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 				if err != nil {
 					return err
 				}
-				local, err := newLocalProvider(localDir, binDir, planeID, endpoints)
+				local, err := newLocalProvider(localDir, binDir, planeID, endpoints, registryAddr)
 				if err != nil {
 					return err
 				}
@@ -142,6 +142,7 @@ uses the in-cluster configuration, as in the Deployment under config/.`,
 	f.StringSliceVar(&endpointAddrs, "endpoint-addresses", nil, endpointAddressesUsage)
 	f.StringVar(&sshDir, "ssh-provider-dir", "", "run the SSH provider (kind SSHMachine), keeping its record of which host each machine holds in this directory (empty: no SSH provider)")
 	f.StringVar(&binDir, "bin-dir", envOr("MARINA_BIN_DIR", defaultBinDir()), "directory holding the components make setup built: the control-plane versions the local provider can run and the SSH provider copies to hosts (env MARINA_BIN_DIR)")
+	f.StringVar(&registryAddr, "registry", "", "host:port of the OCI registry (plain HTTP, on this host) the local provider's real machines pull their images from, such as the one marina up runs; without it no real machine can be made")
 	f.DurationVar(&opts.OrphanGrace, "orphan-grace", 2*time.Minute, "how long a machine or endpoint of a provider that no object names is left before it is removed")
 	f.BoolVar(&opts.ReportUnowned, "report-unowned", true, "report machines whose providerSpec kind no provider owns (leave it on in exactly one controller)")
 	f.StringSliceVar(&externalKinds, "external-provider-kinds", nil, "providerSpec kinds owned by provider processes elsewhere, as group/version/Kind (not reported as unowned)")

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"marina.dev/marina/internal/crds"
 	"marina.dev/marina/internal/manager"
 	"marina.dev/marina/internal/plane"
+	"marina.dev/marina/internal/registry"
 	"marina.dev/marina/internal/scheme"
 	"marina.dev/marina/internal/webhook"
 	"marina.dev/marina/provider"
@@ -49,6 +52,9 @@ func newUpCommand() *cobra.Command {
 		APIPort:     plane.DefaultAPIPort,
 		EtcdPort:    plane.DefaultEtcdPort,
 		WebhookPort: plane.DefaultWebhookPort,
+		// The real nodes' images (issue 32).
+		RegistryPort:    registry.DefaultPort,
+		RegistryVersion: pinned.Registry,
 	}
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -103,6 +109,7 @@ instead, at verbosity N (-v 0 included).`,
 	f.IntVar(&opts.APIPort, "api-port", opts.APIPort, "kube-apiserver port on 127.0.0.1")
 	f.IntVar(&opts.EtcdPort, "etcd-port", opts.EtcdPort, "etcd client port on 127.0.0.1 (the peer port is the next one)")
 	f.IntVar(&opts.WebhookPort, "webhook-port", opts.WebhookPort, "port on 127.0.0.1 of marina's admission webhook, which the API server calls to check every marina object")
+	f.IntVar(&opts.RegistryPort, "registry-port", opts.RegistryPort, "port on 127.0.0.1 of the OCI registry the real nodes pull their images from (make images' are pushed to it at start)")
 	f.DurationVar(&orphanGrace, "orphan-grace", 2*time.Minute, "how long a machine sandbox or endpoint that no object names is left before it is removed")
 	f.StringSliceVar(&endpointAddrs, "endpoint-addresses", nil, endpointAddressesUsage)
 	f.StringVar(&machinesDir, "machines-dir", "", "directory holding the local provider's machine sandboxes (default: machines in the state directory); a target of marina move on this host uses the source's")
@@ -140,7 +147,8 @@ func runUp(ctx context.Context, cmd *cobra.Command, opts plane.Options, logFile,
 	if err != nil {
 		return err
 	}
-	local, err := newLocalProvider(machinesDir, opts.BinDir, planeID, endpoints)
+	pushImages(ctx, out, p.RegistryAddress(), filepath.Join(opts.BinDir, "images"))
+	local, err := newLocalProvider(machinesDir, opts.BinDir, planeID, endpoints, p.RegistryAddress())
 	if err != nil {
 		return err
 	}
@@ -222,19 +230,30 @@ func installWebhook(ctx context.Context, c client.Client, mgr ctrl.Manager, p *p
 	return webhook.Install(ctx, c, cfg)
 }
 
+// pushImages pushes make images' tarballs (the pause image, CoreDNS's,
+// the test images) to the registry at addr. Without them no real node's
+// pod can start, but a simulated fleet needs none: marina up says so and
+// goes on.
+func pushImages(ctx context.Context, out io.Writer, addr, dir string) {
+	start := time.Now()
+	pushed, err := registry.PushDir(ctx, addr, dir)
+	if err != nil {
+		fmt.Fprintf(out, "warning: the real nodes' images are not all in the registry at %s, so their pods cannot start: %v\n", addr, err)
+		return
+	}
+	fmt.Fprintf(out, "the registry at %s serves %s (%s)\n", addr, strings.Join(pushed, ", "), time.Since(start).Round(10*time.Millisecond))
+}
+
 // newLocalProvider keeps sandboxes under root and starts their agents with
 // this very binary (marina node-agent). binDir holds the control-plane
-// versions it can run.
-func newLocalProvider(root, binDir, planeID string, endpoints []netip.Prefix) (*local.Provider, error) {
+// versions it can run; the real machines pull their images from the
+// registry at registryAddr.
+func newLocalProvider(root, binDir, planeID string, endpoints []netip.Prefix, registryAddr string) (*local.Provider, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("finding the marina binary for node agents: %w", err)
 	}
-	realOpts := local.RealOptions{ContainerdVersion: tools.Pinned().Containerd}
-	if binDir != "" {
-		// make images writes the pause image and the test images there.
-		realOpts.ImagesDir = filepath.Join(binDir, "images")
-	}
+	realOpts := local.RealOptions{ContainerdVersion: tools.Pinned().Containerd, Registry: registryAddr}
 	return local.New(local.Options{Root: root, AgentCommand: []string{exe, "node-agent"}, LoadBalancerCommand: []string{exe, "load-balancer"},
 		BinDir: binDir, Plane: planeID, EndpointAddresses: endpoints, Real: realOpts})
 }

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -39,6 +38,9 @@ const (
 	// CNIConfDir holds the pod network's configuration, written once the
 	// Node has its pod CIDR.
 	CNIConfDir = "cni/net.d"
+	// RegistryConfDir is containerd's registry host configuration
+	// (config_path): every registry's images come from marina's.
+	RegistryConfDir = "containerd-hosts"
 	// binLinksDir holds the names containerd looks for in PATH
 	// (containerd-shim-runc-v2), linked to the versioned binaries.
 	binLinksDir = "bin"
@@ -55,9 +57,14 @@ const (
 // address of the management host, which the namespace cannot reach.
 const APIRelayAddress = "127.0.0.1:6443"
 
+// RegistryRelayAddress is where, inside a real node's network namespace,
+// the agent relays to the registry marina up runs on the management
+// host's loopback: containerd's only registry.
+const RegistryRelayAddress = "127.0.0.1:5000"
+
 // SandboxImage is the pod sandbox ("pause") image containerd runs as
-// every pod's first container; marina builds it (make images) and imports
-// it, as no registry is reachable from here.
+// every pod's first container; marina builds it (make images) and its
+// registry serves it, as no other registry is reachable from here.
 const SandboxImage = "registry.k8s.io/pause:3.10.2"
 
 // realNode is a worker's real kubelet and containerd under the machine's
@@ -71,10 +78,8 @@ type realNode struct {
 	done chan struct{}
 	log  klog.Logger
 
-	mu       sync.Mutex
-	kubelet  string // the version the kubelet manifest runs
-	want     string // the version it is to run
-	imported bool   // the images are in: the kubelet may start
+	mu      sync.Mutex
+	kubelet string // the version the kubelet manifest runs
 }
 
 // startRealNode puts the agent in the machine's cgroup, starts the relay
@@ -96,7 +101,7 @@ func startRealNode(ctx context.Context, dir string, b *sandbox.Bootstrap, kubele
 	if err := ensureHostLimits(log); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{KubeletDir, ContainerdDir, CNIConfDir, binLinksDir, manifest.LogsDir} {
+	for _, d := range []string{KubeletDir, ContainerdDir, CNIConfDir, binLinksDir, manifest.LogsDir, filepath.Join(RegistryConfDir, "_default")} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, err
 		}
@@ -127,6 +132,13 @@ func startRealNode(ctx context.Context, dir string, b *sandbox.Bootstrap, kubele
 		}
 		go relay(ctx, ln, server.Host)
 	}
+	if r.Registry != "" {
+		ln, err := listenIn(r.NetNS, RegistryRelayAddress)
+		if err != nil {
+			return nil, fmt.Errorf("opening the registry's relay at %s in the machine's network namespace: %w", RegistryRelayAddress, err)
+		}
+		go relay(ctx, ln, r.Registry)
+	}
 
 	n := &realNode{dir: dir, boot: b, sup: components.New(dir, components.Options{StopGrace: 5 * time.Second}), done: make(chan struct{}), log: log}
 	if err := n.writeConfig(server.Hostname()); err != nil {
@@ -144,22 +156,12 @@ func startRealNode(ctx context.Context, dir string, b *sandbox.Bootstrap, kubele
 			log.Error(err, "Component supervisor failed")
 		}
 	}()
-	go func() {
-		// The kubelet starts once the images are in: a pod the scheduler
-		// put on the Node before would be pulled from a registry, which
-		// nothing here reaches (a CoreDNS pod was still waiting on one after
-		// two minutes).
-		if n.importImages(ctx) {
-			n.startKubelet()
-		}
-	}()
-	log.Info("Started the real node's runtime; its kubelet starts once the images are in", "kubelet", kubeletVersion, "containerd", r.ContainerdVersion, "netns", r.NetNS)
+	log.Info("Started the real node's runtime and kubelet", "kubelet", kubeletVersion, "containerd", r.ContainerdVersion, "netns", r.NetNS, "registry", r.Registry)
 	return n, nil
 }
 
 // setKubelet makes the kubelet's manifest run version v (an InPlace
-// upgrade moves it; the supervisor restarts the kubelet alone), once the
-// images are imported (startKubelet).
+// upgrade moves it; the supervisor restarts the kubelet alone).
 func (n *realNode) setKubelet(v string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -168,21 +170,7 @@ func (n *realNode) setKubelet(v string) error {
 			return fmt.Errorf("%s was not built here: run make setup with version %s", b, v)
 		}
 	}
-	n.want = v
-	if !n.imported {
-		return nil
-	}
-	return n.writeKubelet()
-}
-
-// startKubelet writes the manifests of the kubelet version last set.
-func (n *realNode) startKubelet() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.imported = true
-	if err := n.writeKubelet(); err != nil {
-		n.log.Error(err, "Starting the kubelet failed")
-	}
+	return n.writeKubelet(v)
 }
 
 func (n *realNode) binary(component, version string) string {
@@ -190,9 +178,8 @@ func (n *realNode) binary(component, version string) string {
 }
 
 // writeKubelet writes the manifests of the kubelet and kube-proxy of
-// n.want; called under n.mu.
-func (n *realNode) writeKubelet() error {
-	v := n.want
+// version v; called under n.mu.
+func (n *realNode) writeKubelet(v string) error {
 	if v == n.kubelet {
 		return nil
 	}
@@ -447,12 +434,31 @@ state = %q
   snapshotter = 'overlayfs'
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = %q
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = %q
 
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = '127.0.0.1'
   stream_server_port = '0'
-`, n.path(ContainerdDir), state, n.socket(), n.socket()+".ttrpc", filepath.Join(b.Real.RuntimeDir, "runc"), b.Real.CNIBinDir, n.path(CNIConfDir), SandboxImage)
-	return files.WriteAtomic(n.path(containerdConfig), []byte(toml), 0o600)
+`, n.path(ContainerdDir), state, n.socket(), n.socket()+".ttrpc", filepath.Join(b.Real.RuntimeDir, "runc"), b.Real.CNIBinDir, n.path(CNIConfDir), SandboxImage, n.path(RegistryConfDir))
+	if err := files.WriteAtomic(n.path(containerdConfig), []byte(toml), 0o600); err != nil {
+		return err
+	}
+	return files.WriteAtomic(n.path(RegistryConfDir, "_default", "hosts.toml"), []byte(n.registryHosts()), 0o600)
+}
+
+// registryHosts is containerd's configuration for every registry whose
+// name has no directory of its own (_default): all of them. With a
+// registry, every image comes from marina's, asked by its path alone
+// (registry.k8s.io/pause:3.10.2 as pause:3.10.2; marina's registry keeps
+// them so); an image it lacks fails the pull, as a missing one does
+// anywhere, and nothing is asked of the internet. Without one, the node
+// keeps containerd's defaults.
+func (n *realNode) registryHosts() string {
+	if n.boot.Real.Registry == "" {
+		return "# No registry was given to this node: containerd's defaults.\n"
+	}
+	return fmt.Sprintf("# Every registry's images come from marina's, relayed to from %[1]s.\nserver = \"http://%[1]s\"\n", RegistryRelayAddress)
 }
 
 // writeCNI writes the pod network's configuration for the Node's pod
@@ -494,52 +500,6 @@ func (n *realNode) writeCNI(podCIDR string) error {
 	}
 	n.log.Info("Wrote the pod network's configuration", "podCIDR", podCIDR)
 	return nil
-}
-
-// importImages imports the image tarballs of ImagesDir into containerd
-// once it answers, retrying until each is in or ctx ends (false): the
-// pause image must be there before the first pod can start.
-func (n *realNode) importImages(ctx context.Context) bool {
-	if n.boot.Real.ImagesDir == "" {
-		return true
-	}
-	tars, _ := filepath.Glob(filepath.Join(n.boot.Real.ImagesDir, "*.tar"))
-	if len(tars) == 0 {
-		n.log.Error(nil, "No image tarballs to import: pods cannot start without the pause image (make images)", "dir", n.boot.Real.ImagesDir)
-	}
-	// Smallest first: the pause image every pod needs first.
-	size := func(path string) int64 {
-		if fi, err := os.Stat(path); err == nil {
-			return fi.Size()
-		}
-		return 0
-	}
-	sort.SliceStable(tars, func(i, j int) bool { return size(tars[i]) < size(tars[j]) })
-	ctr := filepath.Join(n.boot.BinDir, "ctr-"+n.boot.Real.ContainerdVersion)
-	for _, tar := range tars {
-		start := time.Now()
-		delay := 200 * time.Millisecond
-		for {
-			out, err := exec.CommandContext(ctx, ctr, "--address", n.socket(), "--namespace", "k8s.io", "images", "import", "--no-unpack=false", tar).CombinedOutput()
-			if err == nil {
-				n.log.Info("Imported image", "tarball", filepath.Base(tar), "seconds", time.Since(start).Seconds())
-				break
-			}
-			if ctx.Err() != nil {
-				return false
-			}
-			if delay >= 5*time.Second {
-				n.log.Error(err, "Importing an image failed, retrying", "tarball", tar, "output", strings.TrimSpace(string(out)))
-			}
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(delay):
-			}
-			delay = min(2*delay, 10*time.Second)
-		}
-	}
-	return true
 }
 
 // listenIn opens a TCP listener at addr inside the network namespace

@@ -15,7 +15,9 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"marina.dev/marina/internal/files"
 	"marina.dev/marina/internal/process"
+	"marina.dev/marina/internal/registry"
 )
 
 // Default loopback ports. They differ from the usual 6443/2379 so that
@@ -43,6 +45,11 @@ type Options struct {
 	// 127.0.0.1; the plane checks it is free and issues its certificate.
 	// Zero: no webhook.
 	WebhookPort int
+	// RegistryPort is where the OCI registry the real nodes pull their
+	// images from listens, on 127.0.0.1; zero: no registry.
+	// RegistryVersion selects bin/registry-<version>.
+	RegistryPort    int
+	RegistryVersion string
 	// Progress receives human-readable progress lines; nil discards them.
 	Progress io.Writer
 }
@@ -91,6 +98,9 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 	if opts.WebhookPort != 0 {
 		ports = append(ports, opts.WebhookPort)
 	}
+	if opts.RegistryPort != 0 {
+		ports = append(ports, opts.RegistryPort)
+	}
 	if err := checkPortsFree(ports...); err != nil {
 		return nil, err
 	}
@@ -116,14 +126,51 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 	if err := p.startChild("kube-apiserver", p.apiserverArgs()); err != nil {
 		return nil, err
 	}
+	if opts.RegistryPort != 0 {
+		if err := p.startRegistry(); err != nil {
+			return nil, err
+		}
+	}
 	if err := p.waitReady(ctx); err != nil {
 		return nil, err
+	}
+	if opts.RegistryPort != 0 {
+		if err := registry.WaitReady(ctx, p.RegistryAddress(), time.Minute); err != nil {
+			return nil, err
+		}
 	}
 	if err := p.startChild("kube-controller-manager", p.controllerManagerArgs()); err != nil {
 		return nil, err
 	}
 	go p.watchChildren(append([]*process.Child(nil), p.children...))
 	return p, nil
+}
+
+// RegistryAddress is the registry's host:port (plain HTTP); empty when
+// the plane runs none.
+func (p *Plane) RegistryAddress() string {
+	if p.opts.RegistryPort == 0 {
+		return ""
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p.opts.RegistryPort))
+}
+
+// startRegistry writes the registry's configuration (its images are kept
+// in the state directory, as the objects are) and starts it.
+func (p *Plane) startRegistry() error {
+	cfg, err := registry.Config(p.state.path("registry", "data"), p.RegistryAddress())
+	if err != nil {
+		return err
+	}
+	file := p.state.path("registry", "config.yml")
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		return err
+	}
+	// 0600: it holds the registry's upload secret.
+	if err := files.WriteAtomic(file, cfg, 0o600); err != nil {
+		return err
+	}
+	return p.startChild("registry", []string{"serve", file}, registry.Env...)
 }
 
 // Config reaches the API server as the administrator.
@@ -195,11 +242,15 @@ func (p *Plane) bin(component, version string) string {
 }
 
 func (p *Plane) checkBinaries() error {
-	for _, b := range []string{
+	bins := []string{
 		p.bin("etcd", p.opts.EtcdVersion),
 		p.bin("kube-apiserver", p.opts.KubeVersion),
 		p.bin("kube-controller-manager", p.opts.KubeVersion),
-	} {
+	}
+	if p.opts.RegistryPort != 0 {
+		bins = append(bins, p.bin("registry", p.opts.RegistryVersion))
+	}
+	for _, b := range bins {
 		if _, err := os.Stat(b); err != nil {
 			return fmt.Errorf("%s is missing: run `make setup` in the marina checkout to build it, "+
 				"or point --bin-dir (MARINA_BIN_DIR) at a directory that has it", b)
@@ -215,20 +266,23 @@ func checkPortsFree(ports ...int) error {
 		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 		if err != nil {
 			return fmt.Errorf("port %d on %s is already in use (another marina up, or another program): "+
-				"stop it, or choose other ports with --api-port, --etcd-port and --webhook-port: %w", port, host, err)
+				"stop it, or choose other ports with --api-port, --etcd-port, --webhook-port and --registry-port: %w", port, host, err)
 		}
 		l.Close()
 	}
 	return nil
 }
 
-func (p *Plane) startChild(name string, args []string) error {
+func (p *Plane) startChild(name string, args []string, env ...string) error {
 	version := p.opts.KubeVersion
-	if name == "etcd" {
+	switch name {
+	case "etcd":
 		version = p.opts.EtcdVersion
+	case "registry":
+		version = p.opts.RegistryVersion
 	}
 	fmt.Fprintf(p.opts.Progress, "starting %s %s (log: %s)\n", name, version, p.state.log(name))
-	c, err := p.spawner.Start(process.Spec{Name: name, Version: version, Binary: p.bin(name, version), Args: args, LogPath: p.state.log(name)})
+	c, err := p.spawner.Start(process.Spec{Name: name, Version: version, Binary: p.bin(name, version), Args: args, Env: env, LogPath: p.state.log(name)})
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,8 @@ import (
 //	etcd/                      etcd's data: every object lives here
 //	kubeconfigs/               component kubeconfigs (0600)
 //	logs/<component>.log       component output (0600)
+//	registry/config.yml        the image registry's configuration (0600)
+//	registry/data/             the images the real nodes pull
 type stateDir string
 
 func (d stateDir) path(elem ...string) string {

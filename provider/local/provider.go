@@ -110,12 +110,6 @@ func New(opts Options) (*Provider, error) {
 		opts.StateScan = defaultStateScan
 	}
 	opts.Real = opts.Real.withDefaults()
-	if opts.Real.ImagesDir != "" {
-		// The agents resolve it in their sandboxes.
-		if opts.Real.ImagesDir, err = filepath.Abs(opts.Real.ImagesDir); err != nil {
-			return nil, fmt.Errorf("local provider: resolving images dir %s: %w", opts.Real.ImagesDir, err)
-		}
-	}
 	opts.AgentCommand = append([]string(nil), opts.AgentCommand...)
 	opts.LoadBalancerCommand = append([]string(nil), opts.LoadBalancerCommand...)
 	binDir := opts.BinDir
@@ -195,7 +189,7 @@ func (p *Provider) Create(ctx context.Context, req *provider.Request) (*provider
 		if req.Bootstrap.ControlPlane != nil {
 			return nil, &provider.InvalidSpecError{Field: "spec.kubelet", Message: "control-plane machines do not run a Real kubelet yet: set kubelet to Simulated (or leave it out) on the control plane's class; workers may be Real"}
 		}
-		if err := p.checkRealHost(); err != nil {
+		if err := p.checkRealHost(ctx); err != nil {
 			return nil, err
 		}
 	}

@@ -17,9 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"marina.dev/marina/internal/cgroups"
+	"marina.dev/marina/internal/image"
 	"marina.dev/marina/internal/mounts"
 	"marina.dev/marina/internal/nodeagent/sandbox"
 	"marina.dev/marina/internal/nodenet"
+	"marina.dev/marina/internal/registry"
 )
 
 // Defaults of RealOptions.
@@ -52,9 +54,11 @@ type RealOptions struct {
 	// CNIBinDir holds the CNI reference plugins; DefaultCNIBinDir when
 	// empty.
 	CNIBinDir string
-	// ImagesDir holds image tarballs imported into each machine's runtime
-	// (make images: the pause image and marina's test images).
-	ImagesDir string
+	// Registry is the host:port, on this host, of the OCI registry (plain
+	// HTTP) every real machine pulls its images from: the one marina up
+	// runs, which holds make images' pause image and test images.
+	// Required for real machines.
+	Registry string
 }
 
 func (o RealOptions) withDefaults() RealOptions {
@@ -81,7 +85,7 @@ var netMu sync.Mutex
 
 // checkRealHost says what this host lacks to run a real machine, naming
 // it, or nil.
-func (p *Provider) checkRealHost() error {
+func (p *Provider) checkRealHost(ctx context.Context) error {
 	o := p.opts.Real
 	var missing []string
 	if os.Geteuid() != 0 {
@@ -114,10 +118,10 @@ func (p *Provider) checkRealHost() error {
 	if hs, err := cgroups.Hierarchies(); err != nil || len(hs) == 0 {
 		missing = append(missing, "mounted cgroups under /sys/fs/cgroup")
 	}
-	if o.ImagesDir != "" {
-		if _, err := os.Stat(filepath.Join(o.ImagesDir, "pause.tar")); err != nil {
-			missing = append(missing, "the pause image "+filepath.Join(o.ImagesDir, "pause.tar")+" (make images)")
-		}
+	if o.Registry == "" {
+		missing = append(missing, "a registry to pull images from (marina up runs one; marina controller takes --registry)")
+	} else if _, err := registry.Digest(ctx, o.Registry, image.SandboxImage); err != nil {
+		missing = append(missing, "the pause image "+image.SandboxImage+" in the registry at "+o.Registry+" (make images, then restart marina up): "+err.Error())
 	}
 	if len(missing) > 0 {
 		return &HostNotReadyError{Missing: missing}
@@ -159,7 +163,7 @@ func (p *Provider) realBootstrap(uid types.UID, addr string, maxPods int) *sandb
 		RuntimeDir:        n.runtimeDir,
 		ContainerdVersion: o.ContainerdVersion,
 		CNIBinDir:         o.CNIBinDir,
-		ImagesDir:         o.ImagesDir,
+		Registry:          o.Registry,
 		MaxPods:           maxPods,
 		APIAddress:        nodenet.APIAddress(o.Network).String(),
 	}

@@ -28,7 +28,7 @@ type upProcess struct {
 	stateDir string
 	done     chan struct{}
 	// ports are the plane's on 127.0.0.1: API, etcd client, etcd peer,
-	// webhook.
+	// webhook, registry.
 	ports []int
 }
 
@@ -81,18 +81,19 @@ func tryStartUp(t *testing.T, stateDir string, args ...string) (*upProcess, bool
 		t.Fatal(err)
 	}
 	out := &syncBuffer{}
-	base := testenv.FreePorts(t, 4) // API, etcd client, etcd peer, webhook
+	base := testenv.FreePorts(t, 5) // API, etcd client, etcd peer, webhook, registry
 	cmd := exec.Command(marinaBin, "up",
 		"--state-dir", stateDir, "--bin-dir", binDir,
 		"--api-port", strconv.Itoa(base),
 		"--etcd-port", strconv.Itoa(base+1),
-		"--webhook-port", strconv.Itoa(base+3))
+		"--webhook-port", strconv.Itoa(base+3),
+		"--registry-port", strconv.Itoa(base+4))
 	cmd.Args = append(cmd.Args, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting marina up: %v", err)
 	}
-	u := &upProcess{cmd: cmd, out: out, stateDir: stateDir, done: make(chan struct{}), ports: []int{base, base + 1, base + 2, base + 3}}
+	u := &upProcess{cmd: cmd, out: out, stateDir: stateDir, done: make(chan struct{}), ports: []int{base, base + 1, base + 2, base + 3, base + 4}}
 	go func() { _ = cmd.Wait(); close(u.done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGKILL)

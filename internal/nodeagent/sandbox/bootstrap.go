@@ -108,9 +108,12 @@ type RealNode struct {
 	// CNIBinDir holds the CNI reference plugins (bridge, host-local,
 	// loopback, portmap).
 	CNIBinDir string `json:"cniBinDir"`
-	// ImagesDir holds image tarballs (the pause image and marina's test
-	// images) imported into the runtime at start; empty: none.
-	ImagesDir string `json:"imagesDir,omitempty"`
+	// Registry is the host:port, on the management host, of the OCI
+	// registry (plain HTTP) the node pulls every image from: the agent
+	// relays to it from inside the namespace, and containerd asks it for
+	// every registry's images. Empty: no registry, the node pulls only
+	// what its images' names say (nothing answers here).
+	Registry string `json:"registry,omitempty"`
 	// MaxPods is the kubelet's maxPods.
 	MaxPods int `json:"maxPods"`
 	// APIAddress is the address, on the namespace's loopback device, where
