@@ -192,6 +192,7 @@ func TestRealWorkersRunPods(t *testing.T) {
 	checkNodePortAnswersEverywhere(t, ctx, workload)
 	// port-forward, as a user reaches a pod from their machine.
 	checkPortForward(t, kubeconfig, u.repoRoot(t), pods[2].Name)
+	checkMissingImageFailsThePull(t, ctx, workload, real[0].Name)
 
 	checkKubeletKillKeepsPods(t, ctx, workload, a)
 	checkDrainHonoursPDB(t, ctx, c, workload, b)
@@ -786,4 +787,56 @@ func realLeftovers(root string) error {
 		return fmt.Errorf("left on the host: %s", strings.Join(left, "; "))
 	}
 	return nil
+}
+
+// checkMissingImageFailsThePull: a real Node pulls every image from
+// marina's registry (the hello pods' and CoreDNS's came from it), so an
+// image it does not hold fails as a missing image does anywhere, with
+// the runtime's ErrImagePull naming it, and is asked of no other
+// registry.
+func checkMissingImageFailsThePull(t *testing.T, ctx context.Context, workload kubernetes.Interface, node string) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "not-in-the-registry", Namespace: "default"},
+		Spec: corev1.PodSpec{
+			NodeName:   node,
+			Containers: []corev1.Container{{Name: "web", Image: "nginx:1.27"}},
+		},
+	}
+	if _, err := workload.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		zero := int64(0)
+		_ = workload.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	}()
+	testenv.Eventually(t, time.Minute, "the pull of an image the registry lacks fails with ErrImagePull", func() error {
+		got, err := workload.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var reason string
+		for _, cs := range got.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil {
+				reason = w.Reason
+			}
+		}
+		if reason != "ErrImagePull" && reason != "ImagePullBackOff" {
+			return fmt.Errorf("the container waits with reason %q", reason)
+		}
+		// The pull's own error is in the kubelet's event (the status
+		// says it only until the back-off starts).
+		events, err := workload.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod.Name})
+		if err != nil {
+			return err
+		}
+		var seen []string
+		for _, e := range events.Items {
+			if e.Reason == "Failed" && strings.Contains(e.Message, "docker.io/library/nginx:1.27") && strings.Contains(e.Message, "not found") {
+				return nil
+			}
+			seen = append(seen, e.Reason+": "+e.Message)
+		}
+		return fmt.Errorf("no Failed event saying the image was not found; events: %q", seen)
+	})
 }
