@@ -1,63 +1,20 @@
-package registry
+package registry_test
 
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"marina.dev/marina/internal/image"
+	"marina.dev/marina/internal/registry"
 	"marina.dev/marina/internal/testenv"
 	"marina.dev/marina/tools"
 )
-
-// startRegistry runs the registry make setup built, storing under a
-// temporary directory, until the test ends.
-func startRegistry(t *testing.T) string {
-	t.Helper()
-	binDir, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePorts(t, 1))
-	cfg, err := Config(filepath.Join(dir, "data"), addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(dir, "config.yml")
-	if err := os.WriteFile(file, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(binDir, "registry-"+tools.Pinned().Registry), "serve", file)
-	cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, Env...)
-	log, err := os.Create(filepath.Join(dir, "registry.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	if err := WaitReady(context.Background(), addr, 30*time.Second); err != nil {
-		out, _ := os.ReadFile(log.Name())
-		t.Fatalf("%v\n%s", err, out)
-	}
-	return addr
-}
 
 // TestPushedImagesAreServedByTheirPath: make images' tarballs pushed to
 // the real registry are served, with the digest they were built with,
@@ -70,10 +27,10 @@ func TestPushedImagesAreServedByTheirPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	images := filepath.Join(binDir, "images")
-	addr := startRegistry(t)
+	addr := testenv.StartRegistry(t)
 	ctx := context.Background()
 
-	pushed, err := PushDir(ctx, addr, images)
+	pushed, err := registry.PushDir(ctx, addr, images)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +63,7 @@ func TestPushedImagesAreServedByTheirPath(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		served, err := Digest(ctx, addr, tc.ref)
+		served, err := registry.Digest(ctx, addr, tc.ref)
 		if err != nil {
 			t.Errorf("%s: %v", tc.ref, err)
 		} else if served != built {
@@ -114,22 +71,22 @@ func TestPushedImagesAreServedByTheirPath(t *testing.T) {
 		}
 	}
 
-	if _, err := Digest(ctx, addr, "docker.io/library/nginx:latest"); !errors.Is(err, ErrNotFound) {
+	if _, err := registry.Digest(ctx, addr, "docker.io/library/nginx:latest"); !errors.Is(err, registry.ErrNotFound) {
 		t.Errorf("an image never pushed: got %v, want ErrNotFound", err)
 	}
 
 	// A second push (every marina up pushes at its start) keeps them.
-	if _, err := PushDir(ctx, addr, images); err != nil {
+	if _, err := registry.PushDir(ctx, addr, images); err != nil {
 		t.Fatalf("pushing again: %v", err)
 	}
-	if _, err := Digest(ctx, addr, image.HelloImage); err != nil {
+	if _, err := registry.Digest(ctx, addr, image.HelloImage); err != nil {
 		t.Error(err)
 	}
 }
 
 // TestPushDirWithoutImagesSaysWhatToRun: marina up says what is missing.
 func TestPushDirWithoutImagesSaysWhatToRun(t *testing.T) {
-	_, err := PushDir(context.Background(), "127.0.0.1:1", t.TempDir())
+	_, err := registry.PushDir(context.Background(), "127.0.0.1:1", t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), "make images") {
 		t.Fatalf("got %v, want an error naming make images", err)
 	}
@@ -147,7 +104,7 @@ func TestRepositoryDropsTheRegistry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := Repository(tag); got != want {
+		if got := registry.Repository(tag); got != want {
 			t.Errorf("Repository(%s) = %s, want %s", ref, got, want)
 		}
 	}
