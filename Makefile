@@ -34,7 +34,7 @@ image: ## Build the controller image (no container daemon) into bin/marina-image
 		-version $(VERSION) -revision $(REVISION) -repo $(IMAGE_REPO) -out $(BIN)/marina-image.tar
 
 .PHONY: images
-images: setup ## Build the images real nodes import (no container daemon) into bin/images/{pause,hello,coredns}.tar
+images: setup ## Build the images marina up's registry serves real nodes (no container daemon) into bin/images/{pause,hello,coredns}.tar
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./tools/images/build -out $(BIN)/images -bin $(BIN)
 
 .PHONY: generate

@@ -6,14 +6,14 @@ import (
 	"marina.dev/marina/tools"
 )
 
-// The images a real worker node imports into its containerd (make images
-// writes them as bin/images/<Name>.tar), so that a pod starts without a
-// registry.
+// The images a real worker node pulls (make images writes them as
+// bin/images/<Name>.tar; marina up pushes them to its registry), so that
+// a pod starts with no public registry.
 const (
 	// SandboxImage is the default sandbox image of containerd 2.3's CRI
 	// plugin (DefaultSandboxImage in its internal/cri/config), the pause
-	// of Kubernetes 1.37: imported under this name, it needs no
-	// sandbox_image setting and no pull.
+	// of Kubernetes 1.37: under this name, a containerd that is not
+	// told which to use runs it too.
 	SandboxImage = "registry.k8s.io/pause:3.10.2"
 	// LocalSandboxImage is the same pause image under marina's own name,
 	// for a containerd configured to use it explicitly.
