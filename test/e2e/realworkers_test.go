@@ -385,8 +385,25 @@ func startNodePortProber(ctx context.Context, cs kubernetes.Interface, port int3
 		slices.Sort(targets)
 		p.targets = targets
 	}
-	for range healthyLooks {
+	// A balancer sends nothing until its backends pass their checks:
+	// the probes start once every listed Node is a target (or after a
+	// minute, and then what fails counts). The app's pods being Ready
+	// does not mean each kube-proxy has their endpoints yet: in one run
+	// the NodePorts answered 1.1 s after the pods were Ready, and the
+	// probes sent before counted as failed.
+	warm := time.Now().Add(time.Minute)
+	for {
 		look()
+		p.mu.Lock()
+		all := len(listed) > 0 && len(p.targets) == len(listed)
+		p.mu.Unlock()
+		if all || time.Now().After(warm) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	go func() {
 		tick := time.NewTicker(time.Second)
