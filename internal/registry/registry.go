@@ -66,6 +66,11 @@ http:
 `, dataDir, addr, hex.EncodeToString(secret)), nil
 }
 
+// in is ref's name in the registry at addr (plain HTTP).
+func in(addr string, ref name.Tag) (name.Tag, error) {
+	return name.NewTag(addr+"/"+Repository(ref), name.Insecure)
+}
+
 // Repository is where the registry keeps ref: its path and tag, without
 // its registry (see the package comment).
 func Repository(ref name.Tag) string {
@@ -144,7 +149,7 @@ func PushTarball(ctx context.Context, addr, file string) ([]string, error) {
 			if err != nil {
 				return pushed, fmt.Errorf("reading %s from %s: %w", t, file, err)
 			}
-			dst, err := name.NewTag(addr+"/"+Repository(src), name.Insecure)
+			dst, err := in(addr, src)
 			if err != nil {
 				return pushed, err
 			}
@@ -168,7 +173,7 @@ func Digest(ctx context.Context, addr, ref string) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, err
 	}
-	at, err := name.NewTag(addr+"/"+Repository(src), name.Insecure)
+	at, err := in(addr, src)
 	if err != nil {
 		return v1.Hash{}, err
 	}
